@@ -1,0 +1,177 @@
+"""``python -m mgpu submit|info``: the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from . import __version__
+from .errors import JobFailed, JobInputError
+from .results import print_result
+from .runner import Events, run_job
+from .spec import load_job
+
+__all__ = ["main"]
+
+_CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+class _Reporter(Events):
+    """Says what started where, and draws the tile progress bar on a terminal."""
+
+    def __init__(self, console: Console, show_progress: bool) -> None:
+        self.console = console
+        self.show_progress = show_progress
+        self.progress: Progress | None = None
+        self.task: Any = None
+
+    def cluster_ready(self, info: Any) -> None:
+        n = len(info.devices)
+        if info.backend == "cpu":
+            where = f"{n} CPU worker{'s' * (n != 1)} with NumPy"
+            where += " (joined cluster)" if not info.owned else f" ({info.resolved.why})"
+        else:
+            names = sorted({f.name for f in info.devices.values()})
+            where = f"{n} GPU worker{'s' * (n != 1)} ({', '.join(names)}), allocator {info.resolved.allocator}"
+        self.console.print(f"mgpu: running on {where}")
+        if info.dashboard_link:
+            self.console.print(f"mgpu: dashboard {info.dashboard_link}")
+
+    def planned(self, plan: Any) -> None:
+        self.console.print(f"mgpu: plan: {plan.describe()}")
+        if self.show_progress:
+            self.progress = Progress(
+                TextColumn("tiles"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+                console=self.console, transient=True,
+            )
+            self.task = self.progress.add_task("tiles", total=len(plan.tiles), rate="")
+            self.progress.start()
+
+    def tile_done(self, record: Any) -> None:
+        if self.progress is not None:
+            self.progress.advance(self.task)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def _devices_override(value: str) -> str:
+    value = value.strip()
+    if value == "all" or value.isdigit():
+        return value
+    parts = [p.strip() for p in value.split(",")]
+    if not all(p.isdigit() for p in parts):
+        raise click.BadParameter("expected all, a count (2) or device ids (0,1)", param_hint="--devices")
+    return "[" + ",".join(parts) + "]"
+
+
+@click.group(context_settings=_CONTEXT)
+@click.version_option(__version__, "--version", prog_name="mgpu")
+def cli() -> None:
+    """mgpu: run large array jobs on every GPU of a node (or CPU workers) with Dask."""
+
+
+@cli.command(context_settings=_CONTEXT)
+@click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--devices", help="all, a count (2) or device ids (0,1); overrides cluster.devices")
+@click.option("--backend", type=click.Choice(["auto", "cuda", "cpu"]), help="overrides cluster.backend")
+@click.option("--allocator", type=click.Choice(["pool", "async", "managed", "default"]),
+              help="overrides cluster.allocator")
+@click.option("--scheduler", metavar="ADDR", help="join a running cluster (address or scheduler file)")
+@click.option("--dashboard", metavar="ADDR", help="dashboard address (default 127.0.0.1:8787)")
+@click.option("--no-dashboard", is_flag=True, help="start no dashboard")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a job key, e.g. params.m=4096")
+@click.option("--json", "json_path", metavar="PATH", help="write the result as JSON (- for stdout)")
+@click.option("--no-verify", is_flag=True, help="skip checking the tiles")
+@click.option("--force", is_flag=True, help="replace output files that already exist")
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar and no table")
+def submit(job_file: Path, devices: str | None, backend: str | None, allocator: str | None,
+           scheduler: str | None, dashboard: str | None, no_dashboard: bool, sets: tuple[str, ...],
+           json_path: str | None, no_verify: bool, force: bool, quiet: bool) -> None:
+    """Run a job file and report timings, throughput and verification."""
+    overrides = list(sets)
+    if devices is not None:
+        overrides.append(f"cluster.devices={_devices_override(devices)}")
+    for key, value in (("backend", backend), ("allocator", allocator), ("scheduler", scheduler),
+                       ("dashboard", dashboard)):
+        if value is not None:
+            overrides.append(f"cluster.{key}={value}")
+    if no_dashboard:
+        overrides.append("cluster.dashboard=null")
+    if no_verify:
+        overrides.append("verify=false")
+    if force:
+        overrides.append("force=true")
+
+    # With JSON on stdout, everything meant for a person goes to stderr.
+    console = Console(stderr=json_path == "-" or quiet, quiet=quiet)
+    reporter = _Reporter(console, show_progress=not quiet and console.is_terminal and json_path != "-")
+    try:
+        job = load_job(job_file, overrides)
+        if json_path and json_path != "-" and not Path(json_path).expanduser().parent.is_dir():
+            raise JobInputError(f"--json: the folder of {json_path!r} does not exist")
+        try:
+            result = run_job(job, reporter)
+        finally:
+            reporter.close()
+    except JobInputError as e:
+        _fail(str(e), JobInputError.exit_code)
+    except JobFailed as e:
+        _fail(f"job failed: {e}", JobFailed.exit_code)
+    except KeyboardInterrupt:
+        _fail("interrupted; the cluster was closed and no output was kept", 130)
+
+    print_result(result, console)
+    if json_path:
+        text = result.model_dump_json(indent=2)
+        if json_path == "-":
+            click.echo(text)
+        else:
+            Path(json_path).expanduser().write_text(text + "\n")
+    if result.status != "ok":
+        _fail("verification failed: the result is wrong", JobFailed.exit_code)
+
+
+@cli.command(context_settings=_CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="print the facts as JSON")
+def info(as_json: bool) -> None:
+    """List the GPUs, their links, versions, allocators and transports."""
+    from .info import machine_info
+
+    facts = machine_info()
+    if as_json:
+        click.echo(json.dumps(facts, indent=2))
+        return
+    console = Console()
+    console.print(f"host {facts['host']}, {facts['cpus']} CPUs, backend [bold]{facts['backend']}[/bold]")
+    if facts["backend"] == "cpu":
+        console.print(facts["note"])
+    else:
+        console.print(f"CUDA driver {facts['driver']}, runtime {facts['runtime']}")
+        for g in facts["gpus"]:
+            links = facts["nvlink"].get(str(g["id"]))
+            nvl = f", {links} NVLink links active" if links else ""
+            console.print(f"  GPU {g['id']}: {g['name']}, {g['memory'] / 2**30:.1f} GiB, "
+                          f"compute capability {g['compute_capability']}{nvl}")
+        pairs = ", ".join(f"{a}->{b}" for a, b in facts["peer_access"]) or "none"
+        console.print(f"peer access: {pairs}")
+    console.print("versions: " + ", ".join(f"{k} {v}" for k, v in facts["versions"].items()))
+    console.print(f"allocators: {', '.join(facts['allocators'])}; UCX: {'yes' if facts['ucx'] else 'no'}")
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"mgpu: error: {message}" if code == 2 else f"mgpu: {message}", err=True)
+    sys.exit(code)
+
+
+def main() -> None:
+    """Entry point of ``mgpu`` and ``python -m mgpu``."""
+    cli(prog_name="mgpu")

@@ -1,0 +1,193 @@
+"""Job.cluster -> a Dask client: LocalCUDACluster (one worker per GPU), LocalCluster (CPU
+workers) or a running scheduler. A cluster mgpu starts is closed however the job ends."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from distributed import Client, LocalCluster
+
+from .device import DeviceFacts, visible_gpu_count
+from .errors import JobInputError
+from .plugins import DeviceSetup
+from .sizes import resolve_size
+from .spec import ClusterSpec
+
+__all__ = ["ClusterInfo", "ResolvedCluster", "open_cluster", "resolve_cluster"]
+
+# The per-device budget when memory_limit is "auto": room for the allocator and CUDA.
+AUTO_BUDGET = {"cuda": 0.8, "cpu": 0.5}
+
+
+@dataclass(frozen=True)
+class ResolvedCluster:
+    """The cluster section checked against this machine, before anything starts."""
+
+    backend: str  # "cuda" | "cpu" | "auto" (auto: each joined worker decides)
+    devices: list[int]  # GPU ordinals, or CPU worker indices
+    allocator: str
+    protocol: str
+    memory_limit: int | float
+    scheduler: str | None
+    dashboard: str | None
+    why: str = ""  # why this backend, for the first line the user sees
+
+
+@dataclass
+class ClusterInfo:
+    """A connected cluster and what its workers reported."""
+
+    client: Client
+    resolved: ResolvedCluster
+    owned: bool
+    devices: dict[str, DeviceFacts] = field(default_factory=dict)  # worker address -> facts
+
+    @property
+    def backend(self) -> str:
+        kinds = {f.backend for f in self.devices.values()}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+    @property
+    def dashboard_link(self) -> str | None:
+        try:
+            return self.client.dashboard_link if self.resolved.dashboard or not self.owned else None
+        except Exception:
+            return None
+
+    def budget(self) -> int:
+        """Bytes each task may hold on its device: the smallest worker's share."""
+        limit = self.resolved.memory_limit
+        return min(resolve_size(limit, f.memory) for f in self.devices.values())
+
+
+def _cuda_available() -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in ("cupy", "dask_cuda")) and visible_gpu_count() > 0
+
+
+def resolve_cluster(spec: ClusterSpec) -> ResolvedCluster:
+    """Check the cluster section against this machine; raise JobInputError if it cannot be.
+
+    Raises
+    ------
+    JobInputError
+        If CUDA was asked for without a GPU, a device does not exist, or UCX is missing.
+    """
+    if spec.scheduler:
+        backend = "auto" if spec.backend == "auto" else spec.backend
+        memory_limit = spec.memory_limit if spec.memory_limit != "auto" else AUTO_BUDGET["cuda"]
+        return ResolvedCluster(backend, [], spec.allocator, spec.protocol, memory_limit, spec.scheduler, spec.dashboard)
+
+    backend = spec.backend
+    why = f"backend: {backend}"
+    if backend == "auto":
+        backend = "cuda" if _cuda_available() else "cpu"
+        why = "GPUs found" if backend == "cuda" else "no GPU visible, so CPU workers"
+    elif backend == "cuda" and not _cuda_available():
+        raise JobInputError(
+            "cluster.backend: cuda was asked for, but no GPU is visible or CuPy/dask-cuda is not "
+            "installed (pip install 'mgpu[cuda13]'); use backend: cpu or auto"
+        )
+    available = visible_gpu_count() if backend == "cuda" else (os.cpu_count() or 1)
+    devices = spec.devices
+    if devices == "all":
+        ids = list(range(available))
+    elif isinstance(devices, int):
+        if backend == "cuda" and devices > available:
+            raise JobInputError(f"cluster.devices: {devices} GPUs asked for, this machine has {available}")
+        ids = list(range(devices))
+    else:
+        missing = [d for d in devices if backend == "cuda" and d >= available]
+        if missing:
+            raise JobInputError(
+                f"cluster.devices: device {missing[0]} does not exist; this machine has "
+                f"{available} GPU(s), ids 0-{available - 1}"
+            )
+        ids = list(devices)
+
+    protocol = spec.protocol
+    if protocol == "auto":
+        protocol = "tcp"
+    if protocol == "ucx":
+        if backend != "cuda":
+            raise JobInputError("cluster.protocol: ucx is for GPU workers; use tcp or auto with backend: cpu")
+        if importlib.util.find_spec("distributed_ucxx") is None:
+            raise JobInputError(
+                "cluster.protocol: ucx needs distributed-ucxx (pip install 'mgpu[cuda13]'); use tcp or auto"
+            )
+    memory_limit = spec.memory_limit if spec.memory_limit != "auto" else AUTO_BUDGET[backend]
+    return ResolvedCluster(backend, ids, spec.allocator, protocol, memory_limit, None, spec.dashboard, why)
+
+
+def _start_cuda(rc: ResolvedCluster) -> Any:
+    from dask_cuda import LocalCUDACluster
+
+    rmm: dict[str, Any] = {}
+    if rc.allocator in ("pool", "async"):
+        # Take the planner's budget up front: tasks then allocate from the pool at once.
+        rmm["rmm_pool_size"] = rc.memory_limit
+        rmm["rmm_async"] = rc.allocator == "async"
+    elif rc.allocator == "managed":
+        rmm["rmm_managed_memory"] = True
+    if rc.allocator != "default":
+        rmm["rmm_allocator_external_lib_list"] = ["cupy"]
+    return LocalCUDACluster(
+        CUDA_VISIBLE_DEVICES=",".join(str(d) for d in rc.devices),
+        protocol=rc.protocol,
+        dashboard_address=rc.dashboard,
+        threads_per_worker=1,
+        silence_logs=logging.WARNING,
+        **rmm,
+    )
+
+
+def _start_cpu(rc: ResolvedCluster) -> LocalCluster:
+    return LocalCluster(
+        n_workers=len(rc.devices),
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=rc.dashboard,
+        silence_logs=logging.WARNING,
+    )
+
+
+def _describe() -> DeviceFacts:
+    from .device import current
+
+    return current().facts
+
+
+@contextlib.contextmanager
+def open_cluster(rc: ResolvedCluster) -> Iterator[ClusterInfo]:
+    """Start (or join) the cluster, set each worker's device up, and close what was started.
+
+    The cluster is closed on success, failure and Ctrl-C alike; a joined cluster is left
+    running.
+    """
+    cluster = None
+    client = None
+    try:
+        if rc.scheduler:
+            if os.path.isfile(rc.scheduler):
+                client = Client(scheduler_file=rc.scheduler)
+            else:
+                client = Client(rc.scheduler)
+        else:
+            cluster = _start_cuda(rc) if rc.backend == "cuda" else _start_cpu(rc)
+            client = Client(cluster)
+        client.register_plugin(DeviceSetup(rc.backend if rc.backend != "auto" else "auto"))
+        facts = client.run(_describe)
+        if not facts:
+            raise JobInputError(f"cluster.scheduler: the scheduler at {rc.scheduler} has no workers")
+        ordered = dict(sorted(facts.items(), key=lambda kv: (kv[1].host, kv[1].id, kv[0])))
+        yield ClusterInfo(client, rc, owned=cluster is not None, devices=ordered)
+    finally:
+        if client is not None:
+            client.close()
+        if cluster is not None:
+            cluster.close()

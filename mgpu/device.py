@@ -1,0 +1,146 @@
+"""What a task sees on its worker: the array module, its stream, a timer, memory facts.
+
+A worker process holds one :class:`Device`, made by the :class:`~mgpu.plugins.DeviceSetup`
+plugin when the worker starts. Tasks call :func:`current` and write ``dev.xp`` code that
+runs unchanged on NumPy (CPU workers) and CuPy (GPU workers); what only a GPU has
+(streams, events, host<->device copies) is behind methods that are no-ops or plain copies
+on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+__all__ = ["Device", "DeviceFacts", "current", "install", "visible_gpu_count"]
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """The facts the planner and the result need about one worker's device."""
+
+    backend: str  # "cuda" | "cpu"
+    id: int  # CUDA device ordinal on its host, or the CPU worker's index
+    name: str
+    memory: int  # bytes the device has in total
+    free: int  # bytes free when asked
+    host: str
+    compute_capability: str | None = None
+
+
+@dataclass
+class Device:
+    """One worker's device. Counters accumulate over the worker's tasks."""
+
+    backend: str
+    xp: Any
+    facts: DeviceFacts
+    stream: Any = None
+    bytes_h2d: int = 0
+    bytes_d2h: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.backend == "cuda"
+
+    @contextlib.contextmanager
+    def on_stream(self) -> Iterator[None]:
+        """Make this worker's non-blocking stream current for CuPy calls inside."""
+        if self.stream is None:
+            yield
+        else:
+            with self.stream:
+                yield
+
+    def synchronize(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
+
+    @contextlib.contextmanager
+    def timer(self) -> Iterator[list[float]]:
+        """Time device work: CUDA events on the stream on a GPU, the wall clock on a CPU.
+
+        Yields a list that holds the elapsed seconds once the block has finished.
+        """
+        box: list[float] = []
+        if self.is_gpu:
+            import cupy
+
+            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record(self.stream)
+            yield box
+            stop.record(self.stream)
+            stop.synchronize()
+            box.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            yield box
+            box.append(time.perf_counter() - t0)
+
+    def to_device(self, host: np.ndarray) -> Any:
+        """Copy a host array to the device (a no-op on the CPU), counting the bytes."""
+        if not self.is_gpu:
+            return np.asarray(host)
+        arr = self.xp.asarray(np.ascontiguousarray(host))
+        self.bytes_h2d += arr.nbytes
+        return arr
+
+    def to_host(self, arr: Any) -> np.ndarray:
+        """Copy a device array to the host (a no-op on the CPU), counting the bytes."""
+        if not self.is_gpu:
+            return np.asarray(arr)
+        out = arr.get(stream=self.stream)
+        self.synchronize()
+        self.bytes_d2h += out.nbytes
+        return out
+
+    def peak_memory(self) -> int:
+        """Peak bytes the device allocator held (RMM statistics where enabled)."""
+        return int(self.extra.get("peak_memory", 0))
+
+
+_CURRENT: Device | None = None
+
+
+def install(device: Device) -> None:
+    """Make ``device`` the one :func:`current` returns in this process (the plugin calls it)."""
+    global _CURRENT
+    _CURRENT = device
+
+
+def current() -> Device:
+    """The device of the worker this task runs on."""
+    if _CURRENT is None:
+        raise RuntimeError(
+            "this worker has no mgpu device; tasks must run on a cluster started by mgpu "
+            "or one whose workers have the DeviceSetup plugin"
+        )
+    return _CURRENT
+
+
+def visible_gpu_count() -> int:
+    """How many CUDA devices this process can see, without creating a CUDA context.
+
+    NVML answers without touching CUDA, so the client stays light; 0 when neither NVML
+    nor CuPy is installed or no driver is loaded.
+    """
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = min(count, len([v for v in visible.split(",") if v.strip()]))
+    return count

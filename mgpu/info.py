@@ -1,0 +1,126 @@
+"""What this machine and a cluster's workers have: GPUs, links, versions, allocators."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+from typing import TYPE_CHECKING, Any
+
+from .device import visible_gpu_count
+
+if TYPE_CHECKING:
+    from .cluster import ClusterInfo
+
+__all__ = ["machine_info", "runtime_env"]
+
+_PACKAGES = ("mgpu", "numpy", "dask", "distributed", "pydantic", "cupy-cuda13x", "cupy-cuda12x",
+             "rmm-cu13", "rmm-cu12", "dask-cuda", "distributed-ucxx-cu13", "distributed-ucxx-cu12")
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    for module in ("cupy", "rmm", "dask_cuda"):  # found on sys.path but not installed as a dist
+        if module not in out and importlib.util.find_spec(module) is not None:
+            try:
+                out[module] = getattr(importlib.import_module(module), "__version__", "?")
+            except Exception:
+                pass
+    return out
+
+
+def _cuda_facts() -> dict[str, Any]:
+    """Driver and runtime versions, GPUs, and which pairs can reach each other directly."""
+    import cupy
+
+    rt = cupy.cuda.runtime
+    n = rt.getDeviceCount()
+    gpus = []
+    for i in range(n):
+        p = rt.getDeviceProperties(i)
+        name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
+        gpus.append({"id": i, "name": name, "memory": int(p["totalGlobalMem"]),
+                     "compute_capability": f"{p['major']}.{p['minor']}"})
+    peers = [[i, j] for i in range(n) for j in range(n) if i != j and rt.deviceCanAccessPeer(i, j)]
+    return {
+        "driver": rt.driverGetVersion(),
+        "runtime": rt.runtimeGetVersion(),
+        "gpus": gpus,
+        "peer_access": peers,
+        "nvlink": _nvlink_pairs(n),
+    }
+
+
+def _nvlink_pairs(n: int) -> dict[str, int]:
+    """Active NVLink links per GPU, from NVML (empty when NVML cannot say)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return {}
+    out = {}
+    try:
+        for i in range(n):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            active = 0
+            for link in range(18):
+                try:
+                    active += pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED
+                except pynvml.NVMLError:
+                    break
+            out[str(i)] = active
+    finally:
+        pynvml.nvmlShutdown()
+    return out
+
+
+def machine_info() -> dict[str, Any]:
+    """``mgpu info``: devices, links, versions, allocators and transports of this machine."""
+    info: dict[str, Any] = {"host": platform.node(), "cpus": os.cpu_count(), "versions": _versions()}
+    gpus = visible_gpu_count()
+    if gpus and importlib.util.find_spec("cupy") is not None:
+        info["backend"] = "cuda"
+        info.update(_cuda_facts())
+    else:
+        info["backend"] = "cpu"
+        info["gpus"] = []
+        info["note"] = (
+            f"no GPU is visible; jobs run on {os.cpu_count()} CPU workers with NumPy "
+            "(cluster.devices chooses how many)"
+        )
+    has_rmm = importlib.util.find_spec("rmm") is not None
+    info["allocators"] = ["pool", "async", "managed", "default"] if has_rmm else ["default"]
+    info["ucx"] = importlib.util.find_spec("distributed_ucxx") is not None
+    return info
+
+
+def runtime_env(info: ClusterInfo) -> dict[str, Any]:
+    """The environment a result records: versions here and on a worker, GPUs, allocator, protocol."""
+    env: dict[str, Any] = {
+        "client": _versions(),
+        "allocator": info.resolved.allocator,
+        "protocol": info.resolved.protocol,
+        "gpus": sorted({f.name for f in info.devices.values()}),
+        "hosts": sorted({f.host for f in info.devices.values()}),
+    }
+    if info.backend == "cuda":
+        first = next(iter(info.devices))
+        worker = info.client.run(_worker_env, workers=[first])[first]
+        env["worker"] = worker
+    return env
+
+
+def _worker_env() -> dict[str, Any]:
+    import cupy
+
+    rt = cupy.cuda.runtime
+    return {"versions": _versions(), "driver": rt.driverGetVersion(), "runtime": rt.runtimeGetVersion(),
+            "peer_access": [[i, j] for i in range(rt.getDeviceCount()) for j in range(rt.getDeviceCount())
+                            if i != j and rt.deviceCanAccessPeer(i, j)]}

@@ -1,0 +1,300 @@
+"""The array kernels mgpu's tasks call, each with one meaning on NumPy and on CuPy.
+
+Every function takes ``xp`` (numpy or cupy). The NumPy branch is the definition; the
+CuPy branch is a fused kernel that computes bit-for-bit the same values (the GPU tests
+check this), so a tile computed on either backend can be checked against the other.
+CuPy is imported lazily: the client and the planner never need it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "dot_f64",
+    "mandelbrot_axes",
+    "mandelbrot_counts",
+    "random_block",
+    "stream_key",
+]
+
+_M64 = (1 << 64) - 1
+_GAMMA = 0x9E3779B97F4A7C15  # splitmix64's increment
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+
+# Random bits per value: enough to fill the mantissa, few enough to be exact in the dtype.
+_RANDOM_BITS = {np.dtype(np.float16): 11, np.dtype(np.float32): 24, np.dtype(np.float64): 53}
+
+
+def _mix64(z: int) -> int:
+    z = ((z ^ (z >> 30)) * _MIX1) & _M64
+    z = ((z ^ (z >> 27)) * _MIX2) & _M64
+    return z ^ (z >> 31)
+
+
+def stream_key(seed: int, operand: int) -> int:
+    """The 64-bit key of one operand's random stream (A=0, B=1, the check vector=2, ...)."""
+    return _mix64((seed * _GAMMA + operand + 1) & _M64)
+
+
+def _is_cupy(xp: Any) -> bool:
+    return xp.__name__ == "cupy"
+
+
+def random_block(
+    xp: Any,
+    *,
+    seed: int,
+    operand: int,
+    rows: tuple[int, int],
+    cols: tuple[int, int],
+    total_cols: int,
+    dtype: Any,
+) -> Any:
+    """Rows ``rows`` x columns ``cols`` of a random operand, uniform in [-1, 1).
+
+    Element (i, j) is ``splitmix64(key + (i * total_cols + j) * gamma)``'s top bits scaled
+    to [-1, 1): a pure function of (seed, operand, i, j), so the same element comes out
+    under any tiling, on any worker, on CPU or GPU. The values are exact in ``dtype``.
+    """
+    dtype = np.dtype(dtype)
+    bits = _RANDOM_BITS[dtype]
+    key = stream_key(seed, operand)
+    (r0, r1), (c0, c1) = rows, cols
+    h, w = r1 - r0, c1 - c0
+    scale = 2.0 ** (1 - bits)
+    if _is_cupy(xp):
+        out = xp.empty((h, w), dtype=dtype)
+        if out.size:
+            _cupy_random_kernel()(
+                np.uint64(key), np.uint64(r0), np.uint64(c0), np.uint64(w), np.uint64(total_cols),
+                np.int32(64 - bits), np.float64(scale), out,
+            )
+        return out
+    g = np.arange(r0, r1, dtype=np.uint64)[:, None] * np.uint64(total_cols) + np.arange(
+        c0, c1, dtype=np.uint64
+    )[None, :]
+    z = g * np.uint64(_GAMMA) + np.uint64(key)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
+    z ^= z >> np.uint64(31)
+    return ((z >> np.uint64(64 - bits)).astype(np.float64) * scale - 1.0).astype(dtype)
+
+
+@functools.cache
+def _cupy_random_kernel() -> Any:
+    import cupy
+
+    return cupy.ElementwiseKernel(
+        "uint64 key, uint64 row0, uint64 col0, uint64 width, uint64 total_cols, "
+        "int32 shift, float64 scale",
+        "T out",
+        """
+        unsigned long long r = (unsigned long long)i / width;
+        unsigned long long c = (unsigned long long)i - r * width;
+        unsigned long long z = key + ((row0 + r) * total_cols + col0 + c) * 0x9E3779B97F4A7C15ULL;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        z ^= z >> 31;
+        out = (T)((double)(z >> shift) * scale - 1.0);
+        """,
+        "mgpu_random_block",
+    )
+
+
+def dot_f64(xp: Any, x: Any, y: Any) -> float:
+    """``sum(x * y)`` with every product and the sum in float64, for 1-D ``x`` and ``y``.
+
+    On the GPU a fused kernel reads each input once (cupy.dot would accumulate in the
+    input dtype; casting first would write two float64 copies).
+    """
+    if _is_cupy(xp):
+        return _cupy_dot(x, y)
+    # np.dot on float64 views is BLAS-fast; do it in slices to bound the float64 copies.
+    total = 0.0
+    step = 1 << 22
+    for s in range(0, x.shape[0], step):
+        total += float(np.dot(x[s : s + step].astype(np.float64), y[s : s + step].astype(np.float64)))
+    return total
+
+
+_DOT_SOURCE = r"""
+template<typename T, typename V, int W>
+__device__ __forceinline__ double dot_vec(const V a, const V b);
+
+template<> __device__ __forceinline__ double dot_vec<float, float4, 4>(const float4 a, const float4 b) {
+    return (double)a.x * b.x + (double)a.y * b.y + (double)a.z * b.z + (double)a.w * b.w;
+}
+template<> __device__ __forceinline__ double dot_vec<double, double2, 2>(const double2 a, const double2 b) {
+    return a.x * b.x + a.y * b.y;
+}
+
+// One partial sum per block; the host side adds the partials (deterministic order).
+template<typename T, typename V, int W>
+__global__ void dot_partial(const T* __restrict__ x, const T* __restrict__ y,
+                            long long n, double* __restrict__ partial) {
+    double acc = 0.0;
+    const long long nvec = n / W;
+    const V* xv = reinterpret_cast<const V*>(x);
+    const V* yv = reinterpret_cast<const V*>(y);
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + stride < nvec; i += 2 * stride) {  // two loads in flight per thread
+        V a0 = xv[i], b0 = yv[i], a1 = xv[i + stride], b1 = yv[i + stride];
+        acc += dot_vec<T, V, W>(a0, b0) + dot_vec<T, V, W>(a1, b1);
+    }
+    if (i < nvec) acc += dot_vec<T, V, W>(xv[i], yv[i]);
+    if (blockIdx.x == 0) {
+        for (long long t = nvec * W + threadIdx.x; t < n; t += blockDim.x) acc += (double)x[t] * (double)y[t];
+    }
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+    __shared__ double warp_sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) warp_sums[warp] = acc;
+    __syncthreads();
+    if (warp == 0) {
+        acc = lane < (blockDim.x >> 5) ? warp_sums[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+        if (lane == 0) partial[blockIdx.x] = acc;
+    }
+}
+
+// Any dtype, any alignment: the plain loop.
+template<typename T>
+__global__ void dot_partial_scalar(const T* __restrict__ x, const T* __restrict__ y,
+                                   long long n, double* __restrict__ partial) {
+    double acc = 0.0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        acc += (double)x[i] * (double)y[i];
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+    __shared__ double warp_sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) warp_sums[warp] = acc;
+    __syncthreads();
+    if (warp == 0) {
+        acc = lane < (blockDim.x >> 5) ? warp_sums[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+        if (lane == 0) partial[blockIdx.x] = acc;
+    }
+}
+"""
+
+_DOT_VECTOR = {"float32": "dot_partial<float, float4, 4>", "float64": "dot_partial<double, double2, 2>"}
+_DOT_SCALAR = {"float16": "dot_partial_scalar<__half>", "float32": "dot_partial_scalar<float>",
+               "float64": "dot_partial_scalar<double>"}
+
+
+@functools.cache
+def _cupy_dot_module() -> Any:
+    import cupy
+
+    return cupy.RawModule(
+        code="#include <cuda_fp16.h>\n" + _DOT_SOURCE,
+        options=("-std=c++17",),
+        name_expressions=list(_DOT_VECTOR.values()) + list(_DOT_SCALAR.values()),
+    )
+
+
+def _cupy_dot(x: Any, y: Any) -> float:
+    import cupy
+
+    n = x.shape[0]
+    if n == 0:
+        return 0.0
+    dev = cupy.cuda.Device()
+    blocks = dev.attributes["MultiProcessorCount"] * 4
+    threads = 512
+    partial = cupy.empty(blocks, dtype=cupy.float64)
+    name = str(x.dtype)
+    aligned = x.data.ptr % 16 == 0 and y.data.ptr % 16 == 0
+    kernel_name = _DOT_VECTOR.get(name) if aligned else None
+    kernel = _cupy_dot_module().get_function(kernel_name or _DOT_SCALAR[name])
+    kernel((blocks,), (threads,), (x, y, np.int64(n), partial))
+    return float(partial.sum())
+
+
+def mandelbrot_axes(
+    *, width: int, height: int, bounds: tuple[float, float, float, float], rows: tuple[int, int], dtype: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """The sample points of rows ``rows``: x of every column and y of each row, in ``dtype``.
+
+    Computed in float64 on the host and rounded once, so both backends iterate from the
+    same c.
+    """
+    xmin, xmax, ymin, ymax = bounds
+    j = np.arange(width, dtype=np.float64)
+    i = np.arange(rows[0], rows[1], dtype=np.float64)
+    x = xmin + (j + 0.5) * ((xmax - xmin) / width)
+    y = ymax - (i + 0.5) * ((ymax - ymin) / height)
+    return x.astype(dtype), y.astype(dtype)
+
+
+def mandelbrot_counts(xp: Any, x: Any, y: Any, max_iter: int) -> Any:
+    """Escape counts for the grid ``y`` (rows) x ``x`` (columns), as int32.
+
+    The count is the number of steps z <- z*z + c from z = 0 taken before |z|^2 > 4, at
+    most ``max_iter``. Both branches do the same IEEE operations in the same order (the
+    GPU kernel is compiled without FMA contraction), so counts agree exactly.
+    """
+    if _is_cupy(xp):
+        x = xp.asarray(x)[None, :]
+        y = xp.asarray(y)[:, None]
+        out = xp.empty((y.shape[0], x.shape[1]), dtype=np.int32)
+        _cupy_mandelbrot_kernel()(x, y, np.int32(max_iter), out)
+        return out
+    return _numpy_mandelbrot(np.asarray(x), np.asarray(y), max_iter)
+
+
+@functools.cache
+def _cupy_mandelbrot_kernel() -> Any:
+    import cupy
+
+    return cupy.ElementwiseKernel(
+        "T cr, T ci, int32 max_iter",
+        "int32 count",
+        """
+        T zr = 0, zi = 0;
+        int n = 0;
+        while (n < max_iter) {
+            T zr2 = zr * zr;
+            T zi2 = zi * zi;
+            if (zr2 + zi2 > (T)4) break;
+            T t = zr * zi;
+            zi = t + t + ci;
+            zr = zr2 - zi2 + cr;
+            ++n;
+        }
+        count = n;
+        """,
+        "mgpu_mandelbrot",
+        options=("--fmad=false",),
+    )
+
+
+def _numpy_mandelbrot(x: np.ndarray, y: np.ndarray, max_iter: int) -> np.ndarray:
+    h, w = y.shape[0], x.shape[0]
+    cr = np.broadcast_to(x[None, :], (h, w)).ravel()
+    ci = np.broadcast_to(y[:, None], (h, w)).ravel()
+    counts = np.zeros(h * w, dtype=np.int32)
+    idx = np.arange(h * w)
+    zr = np.zeros_like(cr)
+    zi = np.zeros_like(ci)
+    four = x.dtype.type(4)
+    for _ in range(max_iter):
+        zr2 = zr * zr
+        zi2 = zi * zi
+        alive = ~(zr2 + zi2 > four)
+        if not alive.all():  # drop escaped points so the work shrinks with the set
+            idx, zr, zi, zr2, zi2, cr, ci = (a[alive] for a in (idx, zr, zi, zr2, zi2, cr, ci))
+            if idx.size == 0:
+                break
+        t = zr * zi
+        zi = t + t + ci
+        zr = zr2 - zi2 + cr
+        counts[idx] += 1
+    return counts.reshape(h, w)

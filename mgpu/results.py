@@ -1,0 +1,182 @@
+"""The Result of a job (what ``--json`` writes) and how a person sees it (a table)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+
+from .sizes import format_bytes
+
+if TYPE_CHECKING:
+    from .cluster import ClusterInfo
+    from .planner import Plan
+    from .spec import Job
+    from .workloads.base import TileRecord, Workload
+
+__all__ = ["Result", "build_result", "print_result"]
+
+
+class Throughput(BaseModel):
+    value: float
+    unit: str
+
+
+class Roofline(BaseModel):
+    limit: float
+    fraction: float
+    basis: str
+
+
+class DeviceRow(BaseModel):
+    worker: str
+    host: str
+    id: int
+    name: str
+    memory: int
+    tiles: int = 0
+    busy_s: float = 0.0
+    span_s: float = 0.0
+    bytes_h2d: int = 0
+    bytes_d2h: int = 0
+    bytes_d2d: int = 0
+    peak_memory: int = 0
+
+
+class Verify(BaseModel):
+    passed: bool | None
+    method: str
+    max_rel_error: float | None
+    failed_tiles: list[int] = []
+
+
+class Spill(BaseModel):
+    events: int = 0
+    bytes: int = 0
+
+
+class Result(BaseModel):
+    """Everything a run reports; ``model_dump_json()`` is the ``--json`` record."""
+
+    status: Literal["ok", "failed"]
+    job: dict[str, Any]
+    workload: str
+    value: float | None
+    backend: str
+    devices: list[dict[str, Any]]
+    wall_s: float
+    compute_s: float
+    throughput: Throughput
+    roofline: Roofline | None = None
+    per_device: list[DeviceRow]
+    spill: Spill = Spill()
+    verify: Verify
+    outputs: list[str]
+    plan: dict[str, Any]
+    env: dict[str, Any]
+
+
+def build_result(
+    job: Job,
+    workload: Workload,
+    info: ClusterInfo,
+    plan: Plan,
+    records: list[TileRecord],
+    *,
+    wall_s: float,
+    outputs: list[str],
+) -> Result:
+    """Fold the tiles' records into the Result.
+
+    ``compute_s`` is the longest span, on any one worker's own clock, from its first tile's
+    start to its last tile's end: cluster start-up is out, input generation, checks and
+    idle gaps between tiles are in. Throughput is all tiles' work over that span.
+    """
+    by_worker: dict[str, list[TileRecord]] = defaultdict(list)
+    for r in records:
+        by_worker[r.worker].append(r)
+    rows = []
+    facts_by_id = {(f.host, f.id): (addr, f) for addr, f in info.devices.items()}
+    for recs in by_worker.values():
+        first = recs[0]
+        host = first.worker.rsplit(":", 1)[0]
+        addr, facts = facts_by_id.get((host, first.device), ("?", None))
+        rows.append(
+            DeviceRow(
+                worker=addr,
+                host=host,
+                id=first.device,
+                name=facts.name if facts else "?",
+                memory=facts.memory if facts else 0,
+                tiles=len(recs),
+                busy_s=sum(r.busy_s for r in recs),
+                span_s=max(r.stop for r in recs) - min(r.start for r in recs),
+                bytes_h2d=sum(r.bytes_h2d for r in recs),
+                bytes_d2h=sum(r.bytes_d2h for r in recs),
+            )
+        )
+    rows.sort(key=lambda d: (d.host, d.id))
+    compute_s = max((d.span_s for d in rows), default=0.0)
+    work = sum(r.work for r in records)
+    errors = [r.verify_error for r in records if r.verify_error is not None]
+    if job.verify:
+        failed = sorted(r.index for r in records if not r.verify_ok)
+        verify = Verify(passed=not failed, method=workload.verify_method,
+                        max_rel_error=max(errors) if errors else None, failed_tiles=failed)
+    else:
+        verify = Verify(passed=None, method="off", max_rel_error=None)
+    from .info import runtime_env
+
+    return Result(
+        status="failed" if verify.passed is False else "ok",
+        job=job.as_dict(),
+        workload=job.workload,
+        value=workload.reduce(records),
+        backend=info.backend,
+        devices=[{"id": f.id, "name": f.name, "memory": f.memory, "host": f.host} for f in info.devices.values()],
+        wall_s=wall_s,
+        compute_s=compute_s,
+        throughput=Throughput(value=work / workload.unit_scale / compute_s if compute_s else 0.0, unit=workload.unit),
+        per_device=rows,
+        verify=verify,
+        outputs=outputs,
+        plan={"tiles": len(plan.tiles), "placement": plan.placement, "tile_shape": plan.tile_shape,
+              "working_set": plan.working_set, "budget": plan.budget},
+        env=runtime_env(info),
+    )
+
+
+def print_result(result: Result, console: Console) -> None:
+    """The result as a person reads it: a summary table and one row per device."""
+    table = Table(title=f"{result.job.get('name', result.workload)} ({result.workload}, {result.backend})",
+                  show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    status = "[green]ok[/green]" if result.status == "ok" else "[red]FAILED[/red]"
+    table.add_row("status", status)
+    if result.value is not None:
+        table.add_row("value", f"{result.value:.10g}")
+    table.add_row("throughput", f"{result.throughput.value:.4g} {result.throughput.unit}")
+    if result.roofline:
+        table.add_row("of hardware limit", f"{result.roofline.fraction:.1%} of {result.roofline.limit:.4g} "
+                      f"{result.throughput.unit} ({result.roofline.basis})")
+    table.add_row("compute / wall", f"{result.compute_s:.3f} s / {result.wall_s:.3f} s")
+    v = result.verify
+    if v.passed is None:
+        table.add_row("verify", "off")
+    else:
+        err = f", max rel. error {v.max_rel_error:.2e}" if v.max_rel_error is not None else ""
+        tiles = f", failed tiles {v.failed_tiles[:10]}" if v.failed_tiles else ""
+        table.add_row("verify", f"{'passed' if v.passed else '[red]FAILED[/red]'} ({v.method}{err}{tiles})")
+    table.add_row("plan", f"{result.plan['tiles']} tiles {result.plan['tile_shape']}, {result.plan['placement']}")
+    for path in result.outputs:
+        table.add_row("output", path)
+    console.print(table)
+    devices = Table("device", "name", "tiles", "busy s", "span s", "H2D", "D2H", title_justify="left")
+    for d in result.per_device:
+        devices.add_row(f"{d.host}:{d.id}", d.name, str(d.tiles), f"{d.busy_s:.3f}", f"{d.span_s:.3f}",
+                        format_bytes(d.bytes_h2d), format_bytes(d.bytes_d2h))
+    console.print(devices)

@@ -1,0 +1,138 @@
+"""Run a validated Job: resolve the cluster, plan, place every tile, collect, check, report.
+
+Only small records come back to the client; inputs are made or read by the workers and
+outputs written by them.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import deque
+from typing import Any, Callable
+
+from distributed import as_completed
+
+from . import device as _device
+from .cluster import ClusterInfo, open_cluster, resolve_cluster
+from .errors import JobFailed
+from .planner import Plan, Tile, check_tiling_keys
+from .results import Result, build_result
+from .spec import Job
+from .workloads import get_workload_class
+from .workloads.base import TileRecord, Workload
+
+__all__ = ["run_job", "run_plan"]
+
+# Tiles queued on each worker under dynamic placement: one running, one ready behind it.
+_DYNAMIC_DEPTH = 2
+
+
+class Events:
+    """What the runner tells whoever watches (the CLI's messages and progress bar)."""
+
+    def cluster_ready(self, info: ClusterInfo) -> None: ...
+
+    def planned(self, plan: Plan) -> None: ...
+
+    def tile_done(self, record: TileRecord) -> None: ...
+
+
+def _run_tile(workload: Workload, tile: Tile) -> TileRecord:
+    dev = _device.current()
+    h2d, d2h = dev.bytes_h2d, dev.bytes_d2h
+    record = workload.run_tile(dev, tile)
+    record.bytes_h2d, record.bytes_d2h = dev.bytes_h2d - h2d, dev.bytes_d2h - d2h
+    return record
+
+
+def run_plan(
+    client: Any, workload: Workload, plan: Plan, on_done: Callable[[TileRecord], None] = lambda r: None
+) -> list[TileRecord]:
+    """Submit every tile where the plan places it and gather the records.
+
+    Static tiles go to their worker; dynamic ones are fed to whichever worker has room,
+    ``_DYNAMIC_DEPTH`` at a time, so fast workers take more.
+
+    Raises
+    ------
+    JobFailed
+        If a tile's task raised; the other tiles are cancelled.
+    """
+    token = uuid.uuid4().hex[:6]
+    prefix = f"{workload.name}-tile"
+
+    def submit(tile: Tile, worker: str | None) -> Any:
+        fut = client.submit(
+            _run_tile, workload, tile, key=f"{prefix}-{tile.index}-{token}",
+            workers=[worker] if worker else None, allow_other_workers=False, pure=False,
+        )
+        fut.mgpu_worker = worker
+        return fut
+
+    records: list[TileRecord] = []
+    pending: deque[Tile] = deque()
+    if plan.placement == "static":
+        futures = [submit(t, t.worker) for t in plan.tiles]
+    else:
+        pending.extend(plan.tiles)
+        workers = list(client.scheduler_info(n_workers=-1)["workers"])
+        futures = [submit(pending.popleft(), w) for _ in range(_DYNAMIC_DEPTH) for w in workers if pending]
+    stream = as_completed(futures)
+    try:
+        for fut in stream:
+            try:
+                record = fut.result()
+            except Exception as e:
+                raise JobFailed(f"{fut.key} failed on {fut.mgpu_worker or 'a worker'}: {type(e).__name__}: {e}") from e
+            records.append(record)
+            on_done(record)
+            if pending:
+                stream.add(submit(pending.popleft(), fut.mgpu_worker))
+    finally:
+        client.cancel([f for f in futures if not f.done()])
+        stream.clear()
+    return records
+
+
+def run_job(job: Job, events: Events | None = None) -> Result:
+    """Run ``job`` to completion and return its :class:`~mgpu.results.Result`.
+
+    Input problems (JobInputError) are raised before any worker starts, except those that
+    depend on the workers' memory (a tile that cannot fit), raised before any task runs.
+
+    Raises
+    ------
+    JobInputError
+        The job cannot run as written.
+    JobFailed
+        A task failed. A failed check does not raise: the result's status says "failed".
+    """
+    events = events or Events()
+    workload_cls = get_workload_class(job.workload)
+    workload = workload_cls(job.params, verify=job.verify)
+    tiling = check_tiling_keys(job.tiling, workload_cls.axes, job.workload)
+    resolved = resolve_cluster(job.cluster)
+    workload.prepare(force=job.force)
+    t0 = time.perf_counter()
+    sinks = list(workload.sinks.values())
+    try:
+        with open_cluster(resolved) as info:
+            events.cluster_ready(info)
+            plan = workload.plan(info.devices, info.budget(), tiling)
+            events.planned(plan)
+            for sink in sinks:
+                sink.create()
+            records = run_plan(info.client, workload, plan, events.tile_done)
+            passed = all(r.verify_ok for r in records) if job.verify else None
+            outputs: list[str] = []
+            if passed is not False:
+                outputs = workload.finish(info.client)
+                for sink in sinks:
+                    sink.commit()
+                outputs = [s.path for s in sinks if s.keep] + outputs
+            wall = time.perf_counter() - t0
+            return build_result(job, workload, info, plan, records, wall_s=wall, outputs=outputs)
+    finally:
+        for sink in sinks:
+            sink.discard()

@@ -1,0 +1,142 @@
+"""Inputs and outputs of tiles, read and written by the workers themselves.
+
+Sources: counter-based random operands (any block, regenerated anywhere, the same
+values on CPU and GPU) and ``.npy`` files read through memory maps. Sinks: an ``.npy``
+that the client creates empty under a temporary name, the workers fill tile by tile,
+and the client renames once the job has passed, so a failed or cancelled job leaves
+nothing under the output's name.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import kernels
+from .device import Device
+
+__all__ = ["NpyInfo", "NpySink", "NpySource", "RandomSource", "inspect_npy", "check_output_path"]
+
+FLOAT_DTYPES = ("float16", "float32", "float64")
+
+
+@dataclass(frozen=True)
+class RandomSource:
+    """Operand ``operand`` of seed ``seed``: a 2-D (rows x cols) or 1-D (cols) array."""
+
+    seed: int
+    operand: int
+    shape: tuple[int, ...]
+    dtype: str
+
+    def read(self, dev: Device, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> Any:
+        """The block ``[rows, cols]`` (for a 1-D operand, ``rows`` is the element range)."""
+        with dev.on_stream():
+            if len(self.shape) == 1:
+                block = kernels.random_block(
+                    dev.xp, seed=self.seed, operand=self.operand, rows=(0, 1), cols=rows,
+                    total_cols=self.shape[0], dtype=self.dtype,
+                )
+                return block.reshape(-1)
+            return kernels.random_block(
+                dev.xp, seed=self.seed, operand=self.operand, rows=rows, cols=cols,
+                total_cols=self.shape[1], dtype=self.dtype,
+            )
+
+
+@dataclass(frozen=True)
+class NpyInfo:
+    """What a ``.npy`` header says, read without loading the data."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def inspect_npy(path: str | Path, *, key: str) -> NpyInfo:
+    """Read an ``.npy`` file's header; ``key`` names the job key in any error."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ValueError(f"{key}: file {str(path)!r} does not exist")
+    try:
+        arr = np.load(p, mmap_mode="r", allow_pickle=False)
+    except Exception as e:  # numpy raises several types for a bad header
+        raise ValueError(f"{key}: {str(path)!r} is not a readable .npy file ({e})") from None
+    if arr.dtype.name not in FLOAT_DTYPES:
+        raise ValueError(f"{key}: {str(path)!r} holds {arr.dtype}; allowed: {', '.join(FLOAT_DTYPES)}")
+    return NpyInfo(str(p.resolve()), tuple(int(s) for s in arr.shape), arr.dtype.name)
+
+
+@dataclass(frozen=True)
+class NpySource:
+    """An operand in an ``.npy`` file; each task maps the file and copies its block."""
+
+    info: NpyInfo
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.info.shape
+
+    def read(self, dev: Device, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> Any:
+        mm = np.load(self.info.path, mmap_mode="r")
+        block = mm[rows[0] : rows[1]] if cols is None else mm[rows[0] : rows[1], cols[0] : cols[1]]
+        with dev.on_stream():
+            return dev.to_device(np.ascontiguousarray(block))
+
+
+def check_output_path(path: str | Path, *, key: str, suffix: str, force: bool) -> str:
+    """Validate an output path before anything starts; returns it absolute."""
+    p = Path(path).expanduser()
+    if p.suffix != suffix:
+        raise ValueError(f"{key}: {str(path)!r} must end in {suffix}")
+    if not p.parent.is_dir():
+        raise ValueError(f"{key}: the folder {str(p.parent)!r} does not exist")
+    if p.exists() and not force:
+        raise ValueError(f"{key}: {str(path)!r} already exists; remove it or pass --force")
+    return str(p.resolve())
+
+
+@dataclass(frozen=True)
+class NpySink:
+    """An output ``.npy`` written tile by tile under a temporary name, renamed on success."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    partial: str = ""
+    keep: bool = True  # False: scratch for a later step (a PNG), removed at the end
+
+    @classmethod
+    def for_path(cls, path: str, shape: tuple[int, ...], dtype: str, *, keep: bool = True) -> NpySink:
+        p = Path(path)
+        partial = p.with_name(f".{p.name}.{uuid.uuid4().hex[:8]}.partial")
+        return cls(path, tuple(shape), dtype, str(partial), keep)
+
+    def create(self) -> None:
+        """Write the header and size the file (sparse) so workers can map it."""
+        mm = np.lib.format.open_memmap(self.partial, mode="w+", dtype=self.dtype, shape=self.shape)
+        del mm
+
+    def write(self, index: tuple[slice, ...], block: np.ndarray) -> None:
+        mm = np.load(self.partial, mmap_mode="r+")
+        mm[index] = block
+        mm.flush()
+        del mm
+
+    def commit(self) -> None:
+        """Publish the finished file under its name (or drop it if it was scratch)."""
+        if self.keep:
+            os.replace(self.partial, self.path)
+        else:
+            self.discard()
+
+    def discard(self) -> None:
+        try:
+            os.unlink(self.partial)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,234 @@
+"""The job file: YAML -> a validated :class:`Job`, every error naming its key.
+
+The workload's own ``params`` are validated by the model the workload registers, so
+``params.m: Input should be greater than 0`` reads the same as a cluster key's error.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import JobInputError
+from .sizes import parse_size
+from .workloads import get_workload_class, workload_names
+
+__all__ = ["ClusterSpec", "Job", "apply_overrides", "load_job"]
+
+
+class ClusterSpec(BaseModel):
+    """Where and how the job runs (the ``cluster:`` section)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["auto", "cuda", "cpu"] = "auto"
+    devices: Literal["all"] | int | list[int] = "all"
+    allocator: Literal["pool", "async", "managed", "default"] = "pool"
+    memory_limit: Literal["auto"] | int | float | str = "auto"
+    spill: Literal["none", "managed"] = "managed"
+    protocol: Literal["auto", "tcp", "ucx"] = "auto"
+    scheduler: str | None = None
+    dashboard: str | None = Field(
+        "127.0.0.1:8787", description="address the Dask dashboard listens on; null turns it off"
+    )
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("expected 'all', a count or a list of device ids")
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"a device count must be at least 1, got {v}")
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("the list of device ids is empty")
+            if any(i < 0 for i in v):
+                raise ValueError(f"device ids are 0 or more, got {v}")
+            if len(set(v)) != len(v):
+                raise ValueError(f"device ids repeat in {v}")
+        return v
+
+    @field_validator("memory_limit")
+    @classmethod
+    def _memory_limit(cls, v: Any) -> Any:
+        return v if v == "auto" else parse_size(v, key="cluster.memory_limit")
+
+    @model_validator(mode="after")
+    def _pairs(self) -> ClusterSpec:
+        if self.allocator == "managed" and self.spill == "managed":
+            # Everything is already managed memory: there is nothing to fall back to.
+            object.__setattr__(self, "spill", "none")
+        return self
+
+
+class Job(BaseModel):
+    """A validated job: what to run (``workload`` + ``params``) and where (``cluster``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    workload: str
+    params: BaseModel
+    cluster: ClusterSpec = ClusterSpec()
+    tiling: Literal["auto"] | dict[str, int] = "auto"
+    verify: bool = True
+    force: bool = Field(False, description="replace outputs that already exist")
+
+    @field_validator("tiling")
+    @classmethod
+    def _tiling(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            bad = {k: n for k, n in v.items() if n < 1}
+            if bad:
+                raise ValueError(f"tile sizes must be at least 1, got {bad}")
+        return v
+
+    def as_dict(self) -> dict[str, Any]:
+        """The job as run, every default filled in: feeding it back repeats the run."""
+        out = self.model_dump(mode="json", exclude={"force"})
+        out["params"] = self.params.model_dump(mode="json")
+        return out
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys a section allows, for an unknown key at ``loc`` (top level or one down)."""
+    if len(loc) == 2:
+        field = model.model_fields.get(str(loc[0]))
+        sub = field.annotation if field else None
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            model = sub
+        else:
+            return []
+    elif len(loc) != 1:
+        return []
+    return sorted(model.model_fields)
+
+
+def _format_error(err: ValidationError, model: type[BaseModel], prefix: str = "") -> str:
+    lines: dict[str, str] = {}
+    for e in err.errors():
+        # Union branches add their tags to the location; only the keys matter to a user.
+        keys = tuple(p for p in e["loc"] if not str(p).startswith(("function-", "literal[", "str", "int", "float", "list[", "dict[", "bool", "none", "tagged")))
+        where = prefix + ".".join(str(p) for p in keys) if keys else prefix.rstrip(".") or "job"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+            allowed = _allowed_keys(model, keys)
+            if allowed:
+                msg += f"; allowed: {', '.join(allowed)}"
+        elif e["type"] == "missing":
+            msg = "required key is missing"
+        # Pydantic reports each failed branch of a union; the first says enough.
+        lines.setdefault(where, f"{where}: {msg}")
+    return "\n".join(lines.values())
+
+
+def _set_dotted(doc: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = doc
+    for key in keys[:-1]:
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            raise JobInputError(f"--set {dotted}: {key!r} is not a section of the job")
+        node = child
+    node[keys[-1]] = value
+
+
+def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``--set key.sub=value`` overrides; values are read as YAML (``4096``, ``[0, 1]``)."""
+    doc = copy.deepcopy(doc)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise JobInputError(f"--set {item!r}: expected KEY=VALUE, e.g. --set params.m=4096")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        _set_dotted(doc, key.strip(), value)
+    return doc
+
+
+def read_job_file(path: str | Path) -> dict[str, Any]:
+    """Read a job file with the safe YAML loader; a missing or malformed file is an input error."""
+    path = Path(path)
+    if not path.is_file():
+        raise JobInputError(f"job file {str(path)!r} does not exist")
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise JobInputError(f"job file {str(path)!r} is not valid YAML{where}: {problem}") from None
+    if not isinstance(doc, dict):
+        raise JobInputError(f"job file {str(path)!r} must be a mapping of keys (workload:, params:, ...)")
+    doc.setdefault("name", path.stem)
+    return doc
+
+
+def validate_job(doc: dict[str, Any], *, base_dir: Path | None = None) -> Job:
+    """Validate a job document (already read and overridden) into a :class:`Job`.
+
+    Raises
+    ------
+    JobInputError
+        With one line per wrong key, each naming the key and what is allowed.
+    """
+    doc = dict(doc)
+    doc.setdefault("name", "job")
+    workload = doc.get("workload")
+    if workload is None:
+        raise JobInputError(f"workload: required key is missing; one of: {', '.join(workload_names())}")
+    if not isinstance(workload, str):
+        raise JobInputError(f"workload: expected a name, one of: {', '.join(workload_names())}")
+    try:
+        cls = get_workload_class(workload)
+    except KeyError:
+        raise JobInputError(
+            f"workload: unknown workload {workload!r}; one of: {', '.join(workload_names())}"
+        ) from None
+    raw_params = doc.get("params") or {}
+    if not isinstance(raw_params, dict):
+        raise JobInputError("params: expected a mapping of the workload's parameters")
+    try:
+        params = cls.Params.model_validate(raw_params, context={"base_dir": base_dir})
+    except ValidationError as e:
+        raise JobInputError(_format_error(e, cls.Params, "params.")) from None
+    doc["params"] = params
+    try:
+        return Job.model_validate(doc)
+    except ValidationError as e:
+        raise JobInputError(_format_error(e, Job)) from None
+
+
+def load_job(path: str | Path, overrides: list[str] | None = None) -> Job:
+    """Read, override and validate a job file.
+
+    Parameters
+    ----------
+    path
+        The YAML job file.
+    overrides
+        ``key.sub=value`` strings, applied in order (``--set``).
+
+    Returns
+    -------
+    Job
+        The validated job; relative input and output paths are resolved against the
+        current directory, as a shell user expects.
+
+    Raises
+    ------
+    JobInputError
+        If the file is missing, malformed, or any key is wrong.
+    """
+    doc = read_job_file(path)
+    doc = apply_overrides(doc, overrides or [])
+    return validate_job(doc)

@@ -1,0 +1,102 @@
+"""What every workload provides, and the record a tile task sends back to the client."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import dask.config
+from pydantic import BaseModel
+
+from ..device import Device, DeviceFacts
+from ..planner import Plan, Tile
+from ..sources import NpySink
+
+__all__ = ["TileRecord", "Workload", "injected_fault"]
+
+
+@dataclass
+class TileRecord:
+    """The small record a tile task returns: timings, bytes, its check and partial answer."""
+
+    index: int
+    worker: str
+    device: int
+    start: float  # worker wall clock, seconds since the epoch
+    stop: float
+    busy_s: float  # device time of the tile's main kernel(s)
+    work: float  # flops, bytes or iterations this tile did
+    bytes_h2d: int = 0
+    bytes_d2h: int = 0
+    value: float | None = None
+    verify_error: float | None = None
+    verify_ok: bool | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def injected_fault(kind: str, tile: Tile) -> bool:
+    """Whether the tests asked this tile to be corrupted (``mgpu.testing.corrupt-tile``).
+
+    Read from Dask's config on the worker (``DASK_MGPU__TESTING__CORRUPT_TILE=3`` in the
+    worker's environment), so the check path can be shown to fail a job end to end.
+    """
+    target = dask.config.get("mgpu.testing.corrupt-tile", default=None)
+    return target is not None and int(target) == tile.index
+
+
+class Workload(ABC):
+    """A kind of job: its parameters, how it tiles, what one tile does, how it is checked.
+
+    Subclasses set ``name``, ``Params`` (a pydantic model, ``extra="forbid"``),
+    ``unit`` and ``axes`` (the names ``tiling:`` accepts), and implement the methods.
+    The instance travels to the workers with each task, so it holds only parameters.
+    """
+
+    name: ClassVar[str]
+    Params: ClassVar[type[BaseModel]]
+    unit: ClassVar[str]  # "TFLOP/s" | "GB/s" | "Giter/s"
+    unit_scale: ClassVar[float]  # work units per one unit of throughput numerator
+    axes: ClassVar[tuple[str, ...]]
+    verify_method: ClassVar[str]
+
+    def __init__(self, params: BaseModel, *, verify: bool = True) -> None:
+        self.params = params
+        self.verify = verify
+        self.sinks: dict[str, NpySink] = {}
+
+    # -- on the client -------------------------------------------------------------
+    def prepare(self, *, force: bool) -> None:
+        """Check outputs and create their temporary files (the sinks); before any task."""
+
+    @abstractmethod
+    def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int]) -> Plan:
+        """Tile the job for these workers (address -> facts) under ``budget`` bytes each."""
+
+    def reduce(self, records: list[TileRecord]) -> float | None:
+        """The job's scalar answer from the tiles' records, where it has one."""
+        return None
+
+    def finish(self, client: Any) -> list[str]:
+        """Work after every tile passed (a worker renders a PNG, say); returns extra outputs."""
+        return []
+
+    # -- on a worker ---------------------------------------------------------------
+    @abstractmethod
+    def run_tile(self, dev: Device, tile: Tile) -> TileRecord:
+        """Compute, check and write one tile on this worker's device."""
+
+    # -- helpers -------------------------------------------------------------------
+    @staticmethod
+    def new_record(dev: Device, tile: Tile, start: float, **kwargs: Any) -> TileRecord:
+        return TileRecord(
+            index=tile.index,
+            worker=f"{socket.gethostname()}:{os.getpid()}",
+            device=dev.facts.id,
+            start=start,
+            stop=time.time(),
+            **kwargs,
+        )

@@ -1,0 +1,153 @@
+"""x · y over billions of elements, accumulated in float64, each chunk recomputed to check."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..device import Device, DeviceFacts
+from ..errors import JobInputError
+from ..kernels import dot_f64
+from ..planner import Plan, Tile, assign_contiguous, split
+from ..sizes import format_bytes
+from ..sources import NpySource, RandomSource, inspect_npy
+from .base import TileRecord, Workload, injected_fault
+from .checks import unit_roundoff
+
+__all__ = ["Dot", "DotParams"]
+
+
+class DotParams(BaseModel):
+    """``params:`` of a dot job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n: int | None = Field(None, gt=0, description="length of x and y")
+    dtype: Literal["float16", "float32", "float64"] | None = None
+    seed: int = Field(0, ge=0)
+    input: Literal["random"] | dict[str, str] = "random"
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _input(cls, v: Any) -> Any:
+        if v == "random":
+            return v
+        if not isinstance(v, dict):
+            raise ValueError("expected 'random' or the files {x: x.npy, y: y.npy}")
+        unknown = sorted(set(v) - {"x", "y"})
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r}; allowed: x, y")
+        missing = sorted({"x", "y"} - set(v))
+        if missing:
+            raise ValueError(f"missing {missing[0]!r}; give both x and y")
+        return {key: inspect_npy(path, key=key).path for key, path in v.items()}
+
+    @model_validator(mode="after")
+    def _sizes(self) -> DotParams:
+        if self.input == "random":
+            if self.n is None:
+                raise ValueError("n: required when input is random")
+            self.dtype = self.dtype or "float32"
+            return self
+        x = inspect_npy(self.input["x"], key="input.x")
+        y = inspect_npy(self.input["y"], key="input.y")
+        for key, info in (("input.x", x), ("input.y", y)):
+            if len(info.shape) != 1:
+                raise ValueError(f"{key}: expected a 1-D array, {info.path!r} has shape {info.shape}")
+        if x.shape != y.shape or x.dtype != y.dtype:
+            raise ValueError(f"input: x is {x.shape} {x.dtype} and y is {y.shape} {y.dtype}; they must match")
+        for key, value in (("n", x.shape[0]), ("dtype", x.dtype)):
+            given = getattr(self, key)
+            if given is not None and given != value:
+                raise ValueError(f"{key}: {given} disagrees with the input files ({value})")
+            setattr(self, key, value)
+        return self
+
+
+class Dot(Workload):
+    """Dot product in contiguous chunks, one run of chunks per worker."""
+
+    name = "dot"
+    Params = DotParams
+    unit = "GB/s"
+    unit_scale = 1e9
+    axes = ("n",)
+    verify_method = "float64 recompute"
+
+    def sources(self) -> tuple[Any, Any]:
+        p = self.params
+        if p.input == "random":
+            return RandomSource(p.seed, 0, (p.n,), p.dtype), RandomSource(p.seed, 1, (p.n,), p.dtype)
+        return (
+            NpySource(inspect_npy(p.input["x"], key="input.x")),
+            NpySource(inspect_npy(p.input["y"], key="input.y")),
+        )
+
+    def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int]) -> Plan:
+        p = self.params
+        itemsize = np.dtype(p.dtype).itemsize
+        workers = list(devices)
+        # x and y of a chunk, plus room for the check's float64 pieces.
+        max_len = int(budget * 0.75) // (2 * itemsize)
+        if "n" in tiling:
+            chunk = min(tiling["n"], p.n)
+            if 2 * itemsize * chunk > budget:
+                raise JobInputError(
+                    f"tiling.n: a chunk of {chunk} elements needs {format_bytes(2 * itemsize * chunk)} "
+                    f"but the per-device budget is {format_bytes(budget)}"
+                )
+            n_chunks = math.ceil(p.n / chunk)
+        else:
+            if max_len < 1:
+                raise JobInputError(
+                    f"cluster.memory_limit: {format_bytes(budget)} per device cannot hold one element of x and y"
+                )
+            per_worker = math.ceil(p.n / len(workers))
+            n_chunks = len(workers) * math.ceil(per_worker / max_len)
+        bounds = split(p.n, n_chunks)
+        owners = assign_contiguous(len(bounds), workers)
+        tiles = [Tile(i, {"n": b}, owners[i]) for i, b in enumerate(bounds)]
+        longest = max(hi - lo for lo, hi in bounds)
+        return Plan(tiles, "static", {"n": longest}, 2 * itemsize * longest, budget)
+
+    def run_tile(self, dev: Device, tile: Tile) -> TileRecord:
+        xp = dev.xp
+        start = time.time()
+        lo, hi = tile.bounds["n"]
+        src_x, src_y = self.sources()
+        with dev.on_stream():
+            x = src_x.read(dev, (lo, hi))
+            y = src_y.read(dev, (lo, hi))
+            with dev.timer() as t:
+                value = dot_f64(xp, x, y)
+            if injected_fault(self.name, tile):
+                value += 1.0
+            error = ok = None
+            if self.verify:
+                want, scale = _reference(xp, x, y)
+                error = abs(value - want) / scale if scale else abs(value - want)
+                ok = error <= unit_roundoff("float64") * (16 + np.sqrt(hi - lo))
+            dev.synchronize()
+        return self.new_record(
+            dev, tile, start, busy_s=t[0], work=float(x.nbytes + y.nbytes), value=value,
+            verify_error=error, verify_ok=ok,
+        )
+
+    def reduce(self, records: list[TileRecord]) -> float:
+        # In tile order, so the answer does not depend on which chunk finished first.
+        return float(sum(r.value for r in sorted(records, key=lambda r: r.index)))
+
+
+def _reference(xp: Any, x: Any, y: Any) -> tuple[float, float]:
+    """x·y and sum|x·y| by a different route: float64 products summed in pieces."""
+    total = scale = 0.0
+    step = 1 << 25
+    for s in range(0, x.shape[0], step):
+        prod = x[s : s + step].astype(xp.float64) * y[s : s + step].astype(xp.float64)
+        total += float(prod.sum())
+        scale += float(xp.abs(prod).sum())
+    return total, scale

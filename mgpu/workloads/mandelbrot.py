@@ -1,0 +1,165 @@
+"""Escape-time Mandelbrot counts in row bands, balanced dynamically, checked on the CPU."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..device import Device, DeviceFacts
+from ..kernels import mandelbrot_axes, mandelbrot_counts
+from ..planner import Plan, Tile, split_by_size
+from ..sources import NpySink, check_output_path
+from .base import TileRecord, Workload, injected_fault
+
+__all__ = ["Mandelbrot", "MandelbrotParams", "render_png"]
+
+# Columns of each sampled row that the CPU recomputes: enough to catch a wrong tile,
+# few enough that the check never holds a GPU back.
+_CHECK_COLUMNS = 512
+_PNG_MAX_SIDE = 4096
+
+
+class MandelbrotOutput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    png: str | None = None
+    npy: str | None = None
+
+
+class MandelbrotParams(BaseModel):
+    """``params:`` of a Mandelbrot job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    width: int = Field(gt=0)
+    height: int = Field(gt=0)
+    xmin: float = -2.5
+    xmax: float = 1.0
+    ymin: float = -1.25
+    ymax: float = 1.25
+    max_iter: int = Field(1000, gt=0)
+    dtype: Literal["float32", "float64"] = "float32"
+    output: MandelbrotOutput | None = None
+
+    @field_validator("output", mode="before")
+    @classmethod
+    def _output(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, dict):
+            raise ValueError("expected null or {png: path.png, npy: path.npy} (either or both)")
+        return v
+
+    @model_validator(mode="after")
+    def _window(self) -> MandelbrotParams:
+        if not self.xmin < self.xmax:
+            raise ValueError(f"xmin: must be below xmax ({self.xmin} >= {self.xmax})")
+        if not self.ymin < self.ymax:
+            raise ValueError(f"ymin: must be below ymax ({self.ymin} >= {self.ymax})")
+        return self
+
+
+class Mandelbrot(Workload):
+    """Row bands of the image; bands near the set cost far more, so placement is dynamic."""
+
+    name = "mandelbrot"
+    Params = MandelbrotParams
+    unit = "Giter/s"
+    unit_scale = 1e9
+    axes = ("rows",)
+    verify_method = "cpu reference on sampled rows"
+
+    def prepare(self, *, force: bool) -> None:
+        p = self.params
+        out = p.output or MandelbrotOutput()
+        shape = (p.height, p.width)
+        if out.npy:
+            path = check_output_path(out.npy, key="params.output.npy", suffix=".npy", force=force)
+            self.sinks["counts"] = NpySink.for_path(path, shape, "int32")
+        if out.png:
+            png = check_output_path(out.png, key="params.output.png", suffix=".png", force=force)
+            self.png_path = png
+            if "counts" not in self.sinks:  # the image is drawn from counts kept only meanwhile
+                self.sinks["counts"] = NpySink.for_path(png[:-4] + ".npy", shape, "int32", keep=False)
+
+    def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int]) -> Plan:
+        p = self.params
+        # Bands of about 4 Mpixel, and at least 8 per worker so the fast ones can take more.
+        rows = tiling.get("rows") or max(1, min((1 << 22) // p.width, math.ceil(p.height / (8 * len(devices)))))
+        rows = min(rows, p.height)
+        bands = split_by_size(p.height, rows)
+        tiles = [Tile(i, {"rows": b}) for i, b in enumerate(bands)]
+        bytes_per_row = p.width * (4 + 2 * np.dtype(p.dtype).itemsize)
+        return Plan(tiles, "dynamic", {"rows": rows, "cols": p.width}, rows * bytes_per_row, budget)
+
+    def run_tile(self, dev: Device, tile: Tile) -> TileRecord:
+        p = self.params
+        start = time.time()
+        r0, r1 = tile.bounds["rows"]
+        bounds = (p.xmin, p.xmax, p.ymin, p.ymax)
+        x, y = mandelbrot_axes(width=p.width, height=p.height, bounds=bounds, rows=(r0, r1), dtype=p.dtype)
+        with dev.on_stream():
+            xd, yd = dev.to_device(x), dev.to_device(y)
+            with dev.timer() as t:
+                counts = mandelbrot_counts(dev.xp, xd, yd, p.max_iter)
+            iterations = float(counts.sum(dtype=np.int64))
+            if injected_fault(self.name, tile):
+                counts[0, 0] += 1
+            error = ok = None
+            if self.verify:
+                error = self._check(dev, counts, x, y, tile)
+                ok = error == 0.0
+            if "counts" in self.sinks:
+                self.sinks["counts"].write((slice(r0, r1), slice(None)), dev.to_host(counts))
+            dev.synchronize()
+        return self.new_record(
+            dev, tile, start, busy_s=t[0], work=iterations, verify_error=error, verify_ok=ok
+        )
+
+    def _check(self, dev: Device, counts: Any, x: np.ndarray, y: np.ndarray, tile: Tile) -> float:
+        """Share of sampled pixels whose count differs from the NumPy reference (0 to pass).
+
+        Samples the band's first row and one more that varies by tile, over evenly
+        spaced columns (column 0 always among them).
+        """
+        h = y.shape[0]
+        rows = sorted({0, (tile.index * 7919) % h})
+        stride = max(1, math.ceil(x.shape[0] / _CHECK_COLUMNS))
+        cols = np.arange(0, x.shape[0], stride)
+        got = dev.to_host(counts[rows][:, cols])
+        want = mandelbrot_counts(np, x[cols], y[rows], self.params.max_iter)
+        return float(np.mean(got != want))
+
+    def finish(self, client: Any) -> list[str]:
+        png = getattr(self, "png_path", None)
+        if not png:
+            return []
+        sink = self.sinks["counts"]
+        client.submit(render_png, sink.partial, png, self.params.max_iter, key=f"mandelbrot-png-{os.getpid()}-{time.time_ns()}").result()
+        return [png]
+
+
+def render_png(counts_path: str, png_path: str, max_iter: int) -> None:
+    """Draw counts as a coloured image (points in the set black), at most 4096 px a side.
+
+    Runs on a worker, reading the counts through a memory map, so no image data passes
+    through the client; the file appears under its name only once complete.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import colormaps
+    from matplotlib.image import imsave
+
+    counts = np.load(counts_path, mmap_mode="r")
+    step = max(1, math.ceil(max(counts.shape) / _PNG_MAX_SIDE))
+    view = np.asarray(counts[::step, ::step], dtype=np.float64)
+    shade = np.log1p(view) / np.log1p(max_iter)
+    rgba = colormaps["magma"](shade)
+    rgba[view >= max_iter] = (0.0, 0.0, 0.0, 1.0)
+    tmp = png_path + ".partial.png"
+    imsave(tmp, rgba)
+    os.replace(tmp, png_path)
