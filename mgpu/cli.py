@@ -67,8 +67,8 @@ def _devices_override(value: str) -> str:
     value = value.strip()
     if value == "all" or value.isdigit():
         return value
-    parts = [p.strip() for p in value.split(",")]
-    if not all(p.isdigit() for p in parts):
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts):
         raise click.BadParameter("expected all, a count (2) or device ids (0,1)", param_hint="--devices")
     return "[" + ",".join(parts) + "]"
 

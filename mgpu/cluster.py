@@ -127,10 +127,11 @@ def _start_cuda(rc: ResolvedCluster) -> Any:
     from dask_cuda import LocalCUDACluster
 
     rmm: dict[str, Any] = {}
-    if rc.allocator in ("pool", "async"):
+    if rc.allocator == "pool":
         # Take the planner's budget up front: tasks then allocate from the pool at once.
         rmm["rmm_pool_size"] = rc.memory_limit
-        rmm["rmm_async"] = rc.allocator == "async"
+    elif rc.allocator == "async":
+        rmm["rmm_async"] = True
     elif rc.allocator == "managed":
         rmm["rmm_managed_memory"] = True
     if rc.allocator != "default":

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-__all__ = ["Device", "DeviceFacts", "current", "install", "visible_gpu_count"]
+__all__ = ["Device", "DeviceFacts", "Timing", "current", "install", "visible_gpu_count"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,24 @@ class DeviceFacts:
     free: int  # bytes free when asked
     host: str
     compute_capability: str | None = None
+
+
+@dataclass
+class Timing:
+    """Elapsed time of timed device work; see :meth:`Device.timer`."""
+
+    value: float | None = None
+    start: Any = None
+    stop: Any = None
+
+    @property
+    def seconds(self) -> float:
+        if self.value is None:
+            import cupy
+
+            self.stop.synchronize()
+            self.value = cupy.cuda.get_elapsed_time(self.start, self.stop) / 1e3
+        return self.value
 
 
 @dataclass
@@ -63,25 +81,25 @@ class Device:
             self.stream.synchronize()
 
     @contextlib.contextmanager
-    def timer(self) -> Iterator[list[float]]:
-        """Time device work: CUDA events on the stream on a GPU, the wall clock on a CPU.
+    def timer(self) -> Iterator[Timing]:
+        """Time the device work enqueued inside the block.
 
-        Yields a list that holds the elapsed seconds once the block has finished.
+        On a GPU, CUDA events on the stream bracket the work and nothing waits at the
+        end of the block, so host work placed after it overlaps with the device; reading
+        ``.seconds`` waits for the work to finish. On a CPU it is the wall clock.
         """
-        box: list[float] = []
+        timing = Timing()
         if self.is_gpu:
             import cupy
 
-            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-            start.record(self.stream)
-            yield box
-            stop.record(self.stream)
-            stop.synchronize()
-            box.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
+            timing.start, timing.stop = cupy.cuda.Event(), cupy.cuda.Event()
+            timing.start.record(self.stream)
+            yield timing
+            timing.stop.record(self.stream)
         else:
             t0 = time.perf_counter()
-            yield box
-            box.append(time.perf_counter() - t0)
+            yield timing
+            timing.value = time.perf_counter() - t0
 
     def to_device(self, host: np.ndarray) -> Any:
         """Copy a host array to the device (a no-op on the CPU), counting the bytes."""

@@ -46,6 +46,17 @@ def _run_tile(workload: Workload, tile: Tile) -> TileRecord:
     return record
 
 
+def _warmup(workload: Workload) -> None:
+    workload.warmup(_device.current())
+
+
+def warm_up(client: Any, workload: Workload, workers: list[str]) -> None:
+    """Run each worker's warm-up once before the timed tiles (compiles kernels, makes handles)."""
+    futures = [client.submit(_warmup, workload, key=f"{workload.name}-warmup-{i}-{uuid.uuid4().hex[:6]}",
+                             workers=[w], allow_other_workers=False, pure=False) for i, w in enumerate(workers)]
+    client.gather(futures)
+
+
 def run_plan(
     client: Any, workload: Workload, plan: Plan, on_done: Callable[[TileRecord], None] = lambda r: None
 ) -> list[TileRecord]:
@@ -123,6 +134,7 @@ def run_job(job: Job, events: Events | None = None) -> Result:
             events.planned(plan)
             for sink in sinks:
                 sink.create()
+            warm_up(info.client, workload, list(info.devices))
             records = run_plan(info.client, workload, plan, events.tile_done)
             passed = all(r.verify_ok for r in records) if job.verify else None
             outputs: list[str] = []

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import kernels
 from .device import Device
+from .errors import JobInputError
 
 __all__ = ["NpyInfo", "NpySink", "NpySource", "RandomSource", "inspect_npy", "check_output_path"]
 
@@ -90,14 +91,20 @@ class NpySource:
 
 
 def check_output_path(path: str | Path, *, key: str, suffix: str, force: bool) -> str:
-    """Validate an output path before anything starts; returns it absolute."""
+    """Validate an output path before anything starts; returns it absolute.
+
+    Raises
+    ------
+    JobInputError
+        If the suffix is wrong, the folder is missing, or the file exists without ``force``.
+    """
     p = Path(path).expanduser()
     if p.suffix != suffix:
-        raise ValueError(f"{key}: {str(path)!r} must end in {suffix}")
+        raise JobInputError(f"{key}: {str(path)!r} must end in {suffix}")
     if not p.parent.is_dir():
-        raise ValueError(f"{key}: the folder {str(p.parent)!r} does not exist")
+        raise JobInputError(f"{key}: the folder {str(p.parent)!r} does not exist")
     if p.exists() and not force:
-        raise ValueError(f"{key}: {str(path)!r} already exists; remove it or pass --force")
+        raise JobInputError(f"{key}: {str(path)!r} already exists; remove it or pass --force")
     return str(p.resolve())
 
 

@@ -7,6 +7,7 @@ The workload's own ``params`` are validated by the model the workload registers,
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,7 +43,7 @@ class ClusterSpec(BaseModel):
         if isinstance(v, bool):
             raise ValueError("expected 'all', a count or a list of device ids")
         if isinstance(v, int) and v < 1:
-            raise ValueError(f"a device count must be at least 1, got {v}")
+            raise ValueError(f"a device count must be at least 1, got {v}; for device 0 alone write [0] (--devices 0,)")
         if isinstance(v, list):
             if not v:
                 raise ValueError("the list of device ids is empty")
@@ -108,6 +109,9 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return sorted(model.model_fields)
 
 
+_KEY_IN_MESSAGE = re.compile(r"([A-Za-z_][\w.]*): (.+)", re.DOTALL)
+
+
 def _format_error(err: ValidationError, model: type[BaseModel], prefix: str = "") -> str:
     lines: dict[str, str] = {}
     for e in err.errors():
@@ -115,6 +119,12 @@ def _format_error(err: ValidationError, model: type[BaseModel], prefix: str = ""
         keys = tuple(p for p in e["loc"] if not str(p).startswith(("function-", "literal[", "str", "int", "float", "list[", "dict[", "bool", "none", "tagged")))
         where = prefix + ".".join(str(p) for p in keys) if keys else prefix.rstrip(".") or "job"
         msg = e["msg"].removeprefix("Value error, ")
+        # Validators name their own key: "cluster.memory_limit: ..." from the size parser,
+        # "m: required ..." from a model-level check; name it once, in full.
+        msg = msg.removeprefix(f"{where}: ")
+        named = _KEY_IN_MESSAGE.match(msg) if not keys else None
+        if named:
+            where, msg = prefix + named[1], named[2]
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
             allowed = _allowed_keys(model, keys)

@@ -85,6 +85,10 @@ class Workload(ABC):
         return []
 
     # -- on a worker ---------------------------------------------------------------
+    def warmup(self, dev: Device) -> None:
+        """Run a tiny tile's kernels once, untimed: compiles them and creates library
+        handles so the first real tile is not charged for it."""
+
     @abstractmethod
     def run_tile(self, dev: Device, tile: Tile) -> TileRecord:
         """Compute, check and write one tile on this worker's device."""

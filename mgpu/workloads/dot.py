@@ -133,9 +133,13 @@ class Dot(Workload):
                 ok = error <= unit_roundoff("float64") * (16 + np.sqrt(hi - lo))
             dev.synchronize()
         return self.new_record(
-            dev, tile, start, busy_s=t[0], work=float(x.nbytes + y.nbytes), value=value,
+            dev, tile, start, busy_s=t.seconds, work=float(x.nbytes + y.nbytes), value=value,
             verify_error=error, verify_ok=ok,
         )
+
+    def warmup(self, dev: Device) -> None:
+        small = Dot(self.params.model_copy(update={"n": 4099, "input": "random"}), verify=True)
+        small.run_tile(dev, Tile(-1, {"n": (0, 4099)}))
 
     def reduce(self, records: list[TileRecord]) -> float:
         # In tile order, so the answer does not depend on which chunk finished first.

@@ -87,8 +87,9 @@ class Mandelbrot(Workload):
 
     def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int]) -> Plan:
         p = self.params
-        # Bands of about 4 Mpixel, and at least 8 per worker so the fast ones can take more.
-        rows = tiling.get("rows") or max(1, min((1 << 22) // p.width, math.ceil(p.height / (8 * len(devices)))))
+        # Bands of about 64 Mpixel (a GPU busy for milliseconds, not microseconds), and at
+        # least 8 per worker so the fast ones can take more.
+        rows = tiling.get("rows") or max(1, min((1 << 26) // p.width, math.ceil(p.height / (8 * len(devices)))))
         rows = min(rows, p.height)
         bands = split_by_size(p.height, rows)
         tiles = [Tile(i, {"rows": b}) for i, b in enumerate(bands)]
@@ -105,33 +106,39 @@ class Mandelbrot(Workload):
             xd, yd = dev.to_device(x), dev.to_device(y)
             with dev.timer() as t:
                 counts = mandelbrot_counts(dev.xp, xd, yd, p.max_iter)
+            # The CPU reference runs while the GPU computes the band.
+            sample = self._sample(x, y, tile) if self.verify else None
             iterations = float(counts.sum(dtype=np.int64))
             if injected_fault(self.name, tile):
                 counts[0, 0] += 1
             error = ok = None
-            if self.verify:
-                error = self._check(dev, counts, x, y, tile)
+            if sample is not None:
+                rows, cols, want = sample
+                got = dev.to_host(counts[rows][:, cols])
+                error = float(np.mean(got != want))
                 ok = error == 0.0
             if "counts" in self.sinks:
                 self.sinks["counts"].write((slice(r0, r1), slice(None)), dev.to_host(counts))
             dev.synchronize()
         return self.new_record(
-            dev, tile, start, busy_s=t[0], work=iterations, verify_error=error, verify_ok=ok
+            dev, tile, start, busy_s=t.seconds, work=iterations, verify_error=error, verify_ok=ok
         )
 
-    def _check(self, dev: Device, counts: Any, x: np.ndarray, y: np.ndarray, tile: Tile) -> float:
-        """Share of sampled pixels whose count differs from the NumPy reference (0 to pass).
+    def warmup(self, dev: Device) -> None:
+        small = Mandelbrot(self.params.model_copy(update={"width": 64, "height": 8, "output": None}), verify=False)
+        small.run_tile(dev, Tile(-1, {"rows": (0, 8)}))
 
-        Samples the band's first row and one more that varies by tile, over evenly
-        spaced columns (column 0 always among them).
+    def _sample(self, x: np.ndarray, y: np.ndarray, tile: Tile) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """The pixels checked and their NumPy reference counts.
+
+        The band's first row and one more that varies by tile, over evenly spaced columns
+        (column 0 always among them); a tile passes when every sampled count matches.
         """
         h = y.shape[0]
         rows = sorted({0, (tile.index * 7919) % h})
         stride = max(1, math.ceil(x.shape[0] / _CHECK_COLUMNS))
         cols = np.arange(0, x.shape[0], stride)
-        got = dev.to_host(counts[rows][:, cols])
-        want = mandelbrot_counts(np, x[cols], y[rows], self.params.max_iter)
-        return float(np.mean(got != want))
+        return rows, cols, mandelbrot_counts(np, x[cols], y[rows], self.params.max_iter)
 
     def finish(self, client: Any) -> list[str]:
         png = getattr(self, "png_path", None)

@@ -158,7 +158,7 @@ class Matmul(Workload):
                 b = src_b.read(dev, (k0, k1), (c0, c1))
                 with dev.timer() as t:
                     c = _gemm_accumulate(xp, a, b, c)
-                busy += t[0]
+                busy += t.seconds
                 if check:
                     abr += matvec_f64(xp, a, matvec_f64(xp, b, r))
                 del a, b
@@ -175,6 +175,11 @@ class Matmul(Workload):
             dev, tile, start, busy_s=busy, work=2.0 * (r1 - r0) * (c1 - c0) * p.k,
             verify_error=error, verify_ok=ok,
         )
+
+    def warmup(self, dev: Device) -> None:
+        p = self.params.model_copy(update={"m": 64, "n": 64, "k": 64, "input": "random", "output": None})
+        small = Matmul(p, verify=True)
+        small.run_tile(dev, Tile(-1, {"m": (0, 64), "n": (0, 64)}))
 
     def tolerance(self) -> float:
         """How far C·r may be from A·(B·r), relative to max|A·(B·r)|.

@@ -1,0 +1,131 @@
+"""GPU tests: the CuPy kernels equal the NumPy definitions, and jobs run on LocalCUDACluster.
+
+Run on a GPU machine with ``pytest -m gpu``; skipped where CuPy or a GPU is missing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+cupy = pytest.importorskip("cupy")
+pytest.importorskip("dask_cuda")
+
+from mgpu import kernels  # noqa: E402
+from mgpu.runner import run_job  # noqa: E402
+from mgpu.spec import validate_job  # noqa: E402
+
+
+def _gpu_count() -> int:
+    try:
+        return cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError:
+        return 0
+
+
+if _gpu_count() == 0:
+    pytest.skip("no CUDA GPU visible", allow_module_level=True)
+
+
+def multi_gpu(n: int):
+    return pytest.mark.skipif(_gpu_count() < n, reason=f"needs {n} GPUs")
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("rows,cols,total", [((0, 1), (0, 1), 1), ((3, 17), (5, 1000), 1013), ((100, 613), (0, 997), 997)])
+def test_random_block_is_bit_identical_on_gpu(dtype, rows, cols, total):
+    kw = dict(seed=7, operand=1, rows=rows, cols=cols, total_cols=total, dtype=dtype)
+    cpu = kernels.random_block(np, **kw)
+    gpu = cupy.asnumpy(kernels.random_block(cupy, **kw))
+    assert gpu.dtype == cpu.dtype and gpu.shape == cpu.shape
+    np.testing.assert_array_equal(_bits(gpu), _bits(cpu))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_mandelbrot_counts_match_numpy_exactly(dtype):
+    # A window on the boundary, where any rounding difference would change counts.
+    x, y = kernels.mandelbrot_axes(width=301, height=97, bounds=(-0.75, -0.73, 0.1, 0.12), rows=(0, 97), dtype=dtype)
+    cpu = kernels.mandelbrot_counts(np, x, y, 2000)
+    gpu = cupy.asnumpy(kernels.mandelbrot_counts(cupy, cupy.asarray(x), cupy.asarray(y), 2000))
+    assert len(np.unique(cpu)) > 50  # the window really is on the boundary
+    np.testing.assert_array_equal(gpu, cpu)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("n,offset", [(1, 0), (7, 1), (1_000_003, 0), (1_000_003, 3), (1 << 24, 0)])
+def test_dot_kernel_accumulates_in_float64(dtype, n, offset):
+    rng = np.random.default_rng(n + offset)
+    x = rng.standard_normal(n + offset).astype(dtype)
+    y = rng.standard_normal(n + offset).astype(dtype)
+    want = float(np.dot(x[offset:].astype(np.float64), y[offset:].astype(np.float64)))
+    got = kernels.dot_f64(cupy, cupy.asarray(x)[offset:], cupy.asarray(y)[offset:])
+    scale = float(np.abs(x[offset:].astype(np.float64) * y[offset:]).sum())
+    assert abs(got - want) <= 1e-13 * scale
+
+
+def _job(workload: str, params: dict, **cluster) -> dict:
+    return {"name": f"gpu-{workload}", "workload": workload, "params": params,
+            "cluster": {"backend": "cuda", "dashboard": None, **cluster}}
+
+
+@pytest.mark.parametrize("allocator", ["pool", "async"])
+def test_matmul_on_cuda_cluster_matches_cpu_backend(tmp_path, allocator):
+    params = {"m": 1031, "n": 517, "k": 263, "dtype": "float32", "seed": 3}
+    gpu_out, cpu_out = tmp_path / "gpu.npy", tmp_path / "cpu.npy"
+    gpu = run_job(validate_job(_job("matmul", {**params, "output": str(gpu_out)}, allocator=allocator,
+                                    memory_limit="2GB"), ))
+    cpu = run_job(validate_job({**_job("matmul", {**params, "output": str(cpu_out)}),
+                                "cluster": {"backend": "cpu", "devices": 2, "dashboard": None}}))
+    assert gpu.status == "ok" and gpu.backend == "cuda" and gpu.verify.passed
+    assert gpu.env["allocator"] == allocator
+    assert sorted(d.id for d in gpu.per_device) == list(range(_gpu_count()))
+    a = kernels.random_block(np, seed=3, operand=0, rows=(0, 1031), cols=(0, 263), total_cols=263, dtype="float32")
+    b = kernels.random_block(np, seed=3, operand=1, rows=(0, 263), cols=(0, 517), total_cols=517, dtype="float32")
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    g, c = np.load(gpu_out), np.load(cpu_out)
+    assert g.dtype == np.float32
+    tol = 1e-5 * np.abs(ref).max()
+    assert np.abs(g - ref).max() <= tol
+    assert np.abs(g - c).max() <= tol
+
+
+def test_tf32_is_really_used(tmp_path):
+    params = {"m": 2048, "n": 2048, "k": 2048, "dtype": "float32", "seed": 1}
+    exact = run_job(validate_job(_job("matmul", params, devices=1)))
+    tf32 = run_job(validate_job(_job("matmul", {**params, "precision": "tf32"}, devices=1)))
+    assert exact.verify.passed and tf32.verify.passed
+    # TF32 keeps 10 mantissa bits: its residual is orders above full float32's.
+    assert tf32.verify.max_rel_error > 50 * exact.verify.max_rel_error
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_dot_on_cuda_cluster(dtype):
+    n = 10_000_019
+    result = run_job(validate_job(_job("dot", {"n": n, "dtype": dtype, "seed": 5})))
+    x = kernels.random_block(np, seed=5, operand=0, rows=(0, 1), cols=(0, n), total_cols=n, dtype=dtype)
+    y = kernels.random_block(np, seed=5, operand=1, rows=(0, 1), cols=(0, n), total_cols=n, dtype=dtype)
+    want = float(np.dot(x.ravel().astype(np.float64), y.ravel().astype(np.float64)))
+    assert result.status == "ok" and result.verify.passed
+    assert abs(result.value - want) <= 1e-12 * n
+
+
+def test_mandelbrot_on_cuda_cluster_equals_cpu_backend(tmp_path):
+    params = {"width": 640, "height": 480, "max_iter": 500, "dtype": "float32"}
+    gpu = run_job(validate_job(_job("mandelbrot", {**params, "output": {"npy": str(tmp_path / "g.npy")}})))
+    cpu = run_job(validate_job({**_job("mandelbrot", {**params, "output": {"npy": str(tmp_path / "c.npy")}}),
+                                "cluster": {"backend": "cpu", "devices": 2, "dashboard": None}}))
+    assert gpu.verify.passed and cpu.verify.passed
+    np.testing.assert_array_equal(np.load(tmp_path / "g.npy"), np.load(tmp_path / "c.npy"))
+    assert gpu.value is None and gpu.throughput.unit == "Giter/s"
+
+
+@multi_gpu(2)
+def test_tiles_spread_over_both_gpus():
+    result = run_job(validate_job(_job("matmul", {"m": 4096, "n": 4096, "k": 1024}, devices=[0, 1])))
+    assert sorted(d.id for d in result.per_device) == [0, 1]
+    assert all(d.tiles >= 1 and d.busy_s > 0 for d in result.per_device)
