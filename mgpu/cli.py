@@ -142,11 +142,14 @@ def submit(job_file: Path, devices: str | None, backend: str | None, allocator: 
 
 @cli.command(context_settings=_CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="print the facts as JSON")
-def info(as_json: bool) -> None:
+@click.option("--calibrate", is_flag=True, help="measure each device's ceilings (GEMM, copy, Mandelbrot) anew")
+def info(as_json: bool, calibrate: bool) -> None:
     """List the GPUs, their links, versions, allocators and transports."""
     from .info import machine_info
 
     facts = machine_info()
+    if calibrate:
+        facts["ceilings"] = _calibrate()
     if as_json:
         click.echo(json.dumps(facts, indent=2))
         return
@@ -165,6 +168,23 @@ def info(as_json: bool) -> None:
         console.print(f"peer access: {pairs}")
     console.print("versions: " + ", ".join(f"{k} {v}" for k, v in facts["versions"].items()))
     console.print(f"allocators: {', '.join(facts['allocators'])}; UCX: {'yes' if facts['ucx'] else 'no'}")
+    for dev, rates in facts.get("ceilings", {}).items():
+        console.print(f"ceilings of {dev}: " + ", ".join(
+            f"{k} {v:.4g} {_CEILING_UNITS[k.split('_')[0]]}" for k, v in sorted(rates.items())))
+
+
+_CEILING_UNITS = {"gemm": "TFLOP/s", "copy": "GB/s", "mandelbrot": "Giter/s"}
+
+
+def _calibrate() -> dict[str, dict[str, float]]:
+    """Start a cluster on every device, measure each alone, and refresh the cache."""
+    from .cluster import open_cluster, resolve_cluster
+    from .roofline import ceilings_for
+    from .spec import ClusterSpec
+
+    with open_cluster(resolve_cluster(ClusterSpec(dashboard=None))) as cluster:
+        rates = ceilings_for(cluster.client, cluster.devices, refresh=True)
+        return {f"{f.host}:{f.backend}{f.id}": rates[addr] for addr, f in cluster.devices.items()}
 
 
 def _fail(message: str, code: int) -> None:

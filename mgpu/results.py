@@ -21,8 +21,9 @@ __all__ = ["Result", "build_result", "print_result"]
 
 
 class Throughput(BaseModel):
-    value: float
+    value: float  # all work over compute_s: inputs, checks and gaps included
     unit: str
+    kernel: float = 0.0  # all work over the busiest device's kernel time: the kernels alone
 
 
 class Roofline(BaseModel):
@@ -88,6 +89,7 @@ def build_result(
     *,
     wall_s: float,
     outputs: list[str],
+    ceilings: dict[str, dict[str, float]] | None = None,
 ) -> Result:
     """Fold the tiles' records into the Result.
 
@@ -130,6 +132,9 @@ def build_result(
         verify = Verify(passed=None, method="off", max_rel_error=None)
     from .info import runtime_env
 
+    throughput = _throughput(work / workload.unit_scale, compute_s, max((d.busy_s for d in rows), default=0.0),
+                             workload.unit)
+
     return Result(
         status="failed" if verify.passed is False else "ok",
         job=job.as_dict(),
@@ -139,7 +144,8 @@ def build_result(
         devices=[{"id": f.id, "name": f.name, "memory": f.memory, "host": f.host} for f in info.devices.values()],
         wall_s=wall_s,
         compute_s=compute_s,
-        throughput=Throughput(value=work / workload.unit_scale / compute_s if compute_s else 0.0, unit=workload.unit),
+        throughput=throughput,
+        roofline=_roofline(throughput, workload.ceiling(), ceilings or {}),
         per_device=rows,
         verify=verify,
         outputs=outputs,
@@ -147,6 +153,21 @@ def build_result(
               "working_set": plan.working_set, "budget": plan.budget},
         env=runtime_env(info),
     )
+
+
+def _roofline(throughput: Throughput, key: str, ceilings: dict[str, dict[str, float]]) -> Roofline | None:
+    """The summed single-device ceilings of every worker, and the share the run reached."""
+    rates = [c[key] for c in ceilings.values() if key in c]
+    if not rates or len(rates) != len(ceilings):
+        return None
+    limit = sum(rates)
+    return Roofline(limit=limit, fraction=throughput.value / limit,
+                    basis=f"{len(rates)} x {key} measured on one device alone")
+
+
+def _throughput(work: float, compute_s: float, busy_s: float, unit: str) -> Throughput:
+    return Throughput(value=work / compute_s if compute_s else 0.0, unit=unit,
+                      kernel=work / busy_s if busy_s else 0.0)
 
 
 def print_result(result: Result, console: Console) -> None:
@@ -159,7 +180,8 @@ def print_result(result: Result, console: Console) -> None:
     table.add_row("status", status)
     if result.value is not None:
         table.add_row("value", f"{result.value:.10g}")
-    table.add_row("throughput", f"{result.throughput.value:.4g} {result.throughput.unit}")
+    t = result.throughput
+    table.add_row("throughput", f"{t.value:.4g} {t.unit} (kernels alone {t.kernel:.4g})")
     if result.roofline:
         table.add_row("of hardware limit", f"{result.roofline.fraction:.1%} of {result.roofline.limit:.4g} "
                       f"{result.throughput.unit} ({result.roofline.basis})")

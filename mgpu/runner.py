@@ -18,6 +18,7 @@ from .cluster import ClusterInfo, open_cluster, resolve_cluster
 from .errors import JobFailed
 from .planner import Plan, Tile, check_tiling_keys
 from .results import Result, build_result
+from .roofline import ceilings_for
 from .spec import Job
 from .workloads import get_workload_class
 from .workloads.base import TileRecord, Workload
@@ -130,6 +131,7 @@ def run_job(job: Job, events: Events | None = None) -> Result:
     try:
         with open_cluster(resolved) as info:
             events.cluster_ready(info)
+            ceilings = ceilings_for(info.client, info.devices)
             plan = workload.plan(info.devices, info.budget(), tiling)
             events.planned(plan)
             for sink in sinks:
@@ -144,7 +146,8 @@ def run_job(job: Job, events: Events | None = None) -> Result:
                     sink.commit()
                 outputs = [s.path for s in sinks if s.keep] + outputs
             wall = time.perf_counter() - t0
-            return build_result(job, workload, info, plan, records, wall_s=wall, outputs=outputs)
+            return build_result(job, workload, info, plan, records, wall_s=wall, outputs=outputs,
+                                ceilings=ceilings)
     finally:
         for sink in sinks:
             sink.discard()

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator,
+)
 
 from .errors import JobInputError
 from .sizes import parse_size
@@ -37,11 +39,19 @@ class ClusterSpec(BaseModel):
         "127.0.0.1:8787", description="address the Dask dashboard listens on; null turns it off"
     )
 
+    @field_validator("devices", "memory_limit", mode="before")
+    @classmethod
+    def _not_bool(cls, v: Any, info: ValidationInfo) -> Any:
+        # Before validation: pydantic would read true as the count or size 1.
+        if isinstance(v, bool):
+            allowed = {"devices": "'all', a count or a list of device ids",
+                       "memory_limit": "'auto', bytes, a fraction or a size like '40GB'"}[info.field_name]
+            raise ValueError(f"expected {allowed}, got {str(v).lower()}")
+        return v
+
     @field_validator("devices")
     @classmethod
     def _devices(cls, v: Any) -> Any:
-        if isinstance(v, bool):
-            raise ValueError("expected 'all', a count or a list of device ids")
         if isinstance(v, int) and v < 1:
             raise ValueError(f"a device count must be at least 1, got {v}; for device 0 alone write [0] (--devices 0,)")
         if isinstance(v, list):

@@ -76,6 +76,10 @@ class Workload(ABC):
     def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int]) -> Plan:
         """Tile the job for these workers (address -> facts) under ``budget`` bytes each."""
 
+    @abstractmethod
+    def ceiling(self) -> str:
+        """The name of the device ceiling (see :mod:`mgpu.roofline`) this job is bound by."""
+
     def reduce(self, records: list[TileRecord]) -> float | None:
         """The job's scalar answer from the tiles' records, where it has one."""
         return None

@@ -137,6 +137,9 @@ class Dot(Workload):
             verify_error=error, verify_ok=ok,
         )
 
+    def ceiling(self) -> str:
+        return "copy"  # memory-bound: set against a device copy's bytes per second
+
     def warmup(self, dev: Device) -> None:
         small = Dot(self.params.model_copy(update={"n": 4099, "input": "random"}), verify=True)
         small.run_tile(dev, Tile(-1, {"n": (0, 4099)}))

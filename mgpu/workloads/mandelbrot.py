@@ -87,9 +87,9 @@ class Mandelbrot(Workload):
 
     def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int]) -> Plan:
         p = self.params
-        # Bands of about 64 Mpixel (a GPU busy for milliseconds, not microseconds), and at
-        # least 8 per worker so the fast ones can take more.
-        rows = tiling.get("rows") or max(1, min((1 << 26) // p.width, math.ceil(p.height / (8 * len(devices)))))
+        # Bands of about 128 Mpixel, so the GPU works at least as long as the CPU check
+        # beside it (~10 ms), and at least 8 per worker so the fast ones can take more.
+        rows = tiling.get("rows") or max(1, min((1 << 27) // p.width, math.ceil(p.height / (8 * len(devices)))))
         rows = min(rows, p.height)
         bands = split_by_size(p.height, rows)
         tiles = [Tile(i, {"rows": b}) for i, b in enumerate(bands)]
@@ -123,6 +123,9 @@ class Mandelbrot(Workload):
         return self.new_record(
             dev, tile, start, busy_s=t.seconds, work=iterations, verify_error=error, verify_ok=ok
         )
+
+    def ceiling(self) -> str:
+        return f"mandelbrot_{self.params.dtype}"
 
     def warmup(self, dev: Device) -> None:
         small = Mandelbrot(self.params.model_copy(update={"width": 64, "height": 8, "output": None}), verify=False)

@@ -176,6 +176,9 @@ class Matmul(Workload):
             verify_error=error, verify_ok=ok,
         )
 
+    def ceiling(self) -> str:
+        return "gemm_tf32" if self.params.precision == "tf32" else f"gemm_{self.params.dtype}"
+
     def warmup(self, dev: Device) -> None:
         p = self.params.model_copy(update={"m": 64, "n": 64, "k": 64, "input": "random", "output": None})
         small = Matmul(p, verify=True)

@@ -1,0 +1,246 @@
+"""The planner: splitting ranges, matmul tile sizes under a budget, placement, and each
+workload's plan covering its output exactly once. Pure functions: no cluster here."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from mgpu.device import DeviceFacts
+from mgpu.errors import JobInputError
+from mgpu.planner import (
+    Plan,
+    assign_contiguous,
+    check_tiling_keys,
+    choose_matmul_tiles,
+    matmul_working_set,
+    split,
+    split_by_size,
+)
+from mgpu.workloads.dot import Dot, DotParams
+from mgpu.workloads.mandelbrot import Mandelbrot, MandelbrotParams
+from mgpu.workloads.matmul import Matmul, MatmulParams
+
+AWKWARD = [1, 2, 3, 7, 13, 97, 101, 1000, 10_007]
+
+
+def _check_pieces(pieces: list[tuple[int, int]], n: int) -> None:
+    """Contiguous, non-empty, in order, covering range(n) exactly."""
+    if n == 0:
+        assert pieces == []
+        return
+    assert pieces[0][0] == 0 and pieces[-1][1] == n
+    for (lo, hi), (lo2, _) in zip(pieces, pieces[1:]):
+        assert hi == lo2
+    assert all(hi > lo for lo, hi in pieces)
+
+
+# -- split / split_by_size ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [0, *AWKWARD])
+@pytest.mark.parametrize("parts", [1, 2, 3, 5, 8, 97, 2000])
+def test_split_is_contiguous_exact_and_near_equal(n, parts):
+    pieces = split(n, parts)
+    _check_pieces(pieces, n)
+    if n:
+        assert len(pieces) == min(parts, n)  # n < parts: one element each, none empty
+        sizes = [hi - lo for lo, hi in pieces]
+        assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("n", [0, *AWKWARD])
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64, 1000, 10**7])
+def test_split_by_size_respects_the_size_and_uses_fewest_pieces(n, size):
+    pieces = split_by_size(n, size)
+    _check_pieces(pieces, n)
+    if n:
+        sizes = [hi - lo for lo, hi in pieces]
+        assert max(sizes) <= size
+        assert len(pieces) == math.ceil(n / size)
+        assert max(sizes) - min(sizes) <= 1
+
+
+# -- assign_contiguous ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_tiles", [1, 2, 3, 5, 7, 12, 97])
+@pytest.mark.parametrize("n_workers", [1, 2, 3, 4, 8])
+def test_assign_contiguous_gives_contiguous_runs_differing_by_at_most_one(n_tiles, n_workers):
+    workers = [f"w{i}" for i in range(n_workers)]
+    owners = assign_contiguous(n_tiles, workers)
+    assert len(owners) == n_tiles
+    # Contiguous: once a worker's run ends it never comes back, and runs follow worker order.
+    runs = [w for w, _ in itertools.groupby(owners)]
+    assert len(runs) == len(set(runs))
+    assert runs == sorted(runs, key=workers.index)
+    counts = [owners.count(w) for w in workers]
+    assert max(counts) - min(counts) <= 1
+    if n_tiles >= n_workers:
+        assert min(counts) >= 1  # nobody idles while another has two
+
+
+# -- choose_matmul_tiles ---------------------------------------------------------------
+
+SIZES = [(1, 1, 1), (7, 13, 1), (97, 89, 101), (1000, 300, 5000), (4096, 4096, 4096), (300, 8192, 257)]
+BUDGETS = [1 << 12, 1 << 16, 1 << 20, 1 << 24, 1 << 28, 1 << 34]
+MIN_TILE = 256
+
+
+@pytest.mark.parametrize("m,n,k", SIZES)
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+@pytest.mark.parametrize("n_workers", [1, 2, 3])
+def test_choose_matmul_tiles_fits_the_budget(m, n, k, budget, itemsize, n_workers):
+    smallest = matmul_working_set(min(m, MIN_TILE), min(n, MIN_TILE), min(k, MIN_TILE), k, itemsize)
+    try:
+        tm, tn, tk = choose_matmul_tiles(m, n, k, itemsize, budget=budget, n_workers=n_workers, min_tile=MIN_TILE)
+    except JobInputError as e:
+        assert "cluster.memory_limit" in str(e)
+        # It may only give up when a tile of min_tile (or the whole axis) does not fit.
+        assert smallest > budget
+        return
+    assert 1 <= tm <= m and 1 <= tn <= n and 1 <= tk <= k
+    assert matmul_working_set(tm, tn, tk, k, itemsize) <= budget
+    full_k_fits = matmul_working_set(min(m, MIN_TILE), min(n, MIN_TILE), k, k, itemsize) <= budget
+    if full_k_fits:
+        assert tk == k  # keeps full k whenever a tile of min_tile with the full k fits
+    if tk < k:
+        # k is split only when needed: the output tile was cut as far as allowed first,
+        # and even that tile would not fit with the full k.
+        assert tm <= MIN_TILE and tn <= MIN_TILE
+        assert matmul_working_set(tm, tn, k, k, itemsize) > budget
+
+
+@pytest.mark.parametrize("m,n,k", SIZES)
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+def test_choose_matmul_tiles_raises_when_nothing_fits(m, n, k, itemsize):
+    budget = matmul_working_set(1, 1, 1, k, itemsize) - 1  # not even a 1 x 1 x 1 tile
+    with pytest.raises(JobInputError, match="cluster.memory_limit"):
+        choose_matmul_tiles(m, n, k, itemsize, budget=budget, n_workers=2)
+
+
+def test_choose_matmul_tiles_with_room_gives_one_tile_per_worker_and_full_k():
+    tm, tn, tk = choose_matmul_tiles(4096, 1024, 2048, 4, budget=1 << 40, n_workers=4)
+    assert tk == 2048
+    assert math.ceil(4096 / tm) * math.ceil(1024 / tn) == 4
+
+
+def test_choose_matmul_tiles_keeps_explicit_sizes():
+    assert choose_matmul_tiles(97, 89, 101, 4, budget=1 << 30, n_workers=2, explicit={"m": 32, "n": 40, "k": 37}) == (
+        32, 40, 37)
+    # Larger than the matrix: clamped to it.
+    assert choose_matmul_tiles(7, 13, 1, 4, budget=1 << 30, n_workers=2, explicit={"m": 100, "n": 100, "k": 100}) == (
+        7, 13, 1)
+    with pytest.raises(JobInputError, match="cluster.memory_limit"):
+        choose_matmul_tiles(4096, 4096, 4096, 4, budget=1 << 20, n_workers=2,
+                            explicit={"m": 4096, "n": 4096, "k": 4096})
+
+
+def test_check_tiling_keys():
+    assert check_tiling_keys("auto", ("m", "n", "k"), "matmul") == {}
+    assert check_tiling_keys({"m": 4}, ("m", "n", "k"), "matmul") == {"m": 4}
+    with pytest.raises(JobInputError, match=r"tiling: unknown axis 'q' for matmul; allowed: m, n, k"):
+        check_tiling_keys({"m": 4, "q": 1}, ("m", "n", "k"), "matmul")
+
+
+# -- each workload's plan covers its output exactly once ----------------------------------
+
+
+def _devices(n: int, memory: int = 8 << 30) -> dict[str, DeviceFacts]:
+    return {
+        f"tcp://127.0.0.1:{9000 + i}": DeviceFacts("cpu", i, "cpu", memory, memory, "host")
+        for i in range(n)
+    }
+
+
+def _check_static(plan: Plan, devices: dict[str, DeviceFacts]) -> None:
+    assert plan.placement == "static"
+    assert [t.index for t in plan.tiles] == list(range(len(plan.tiles)))
+    assert all(t.worker in devices for t in plan.tiles)
+    counts = [sum(t.worker == w for t in plan.tiles) for w in devices]
+    assert max(counts) - min(counts) <= 1
+    assert plan.working_set <= plan.budget
+
+
+MATMUL_SIZES = [(1, 1, 1), (7, 13, 1), (97, 89, 101), (300, 257, 50)]
+
+
+@pytest.mark.parametrize("m,n,k", MATMUL_SIZES)
+@pytest.mark.parametrize("n_workers", [1, 2, 3])
+@pytest.mark.parametrize("tiling", [{}, {"m": 32, "n": 40, "k": 37}, {"m": 1, "n": 5}])
+def test_matmul_plan_covers_c_exactly_once(m, n, k, n_workers, tiling):
+    devices = _devices(n_workers)
+    wl = Matmul(MatmulParams(m=m, n=n, k=k))
+    plan = wl.plan(devices, 1 << 30, tiling)
+    _check_static(plan, devices)
+    cover = np.zeros((m, n), dtype=np.int32)
+    for t in plan.tiles:
+        (r0, r1), (c0, c1) = t.bounds["m"], t.bounds["n"]
+        assert r1 - r0 <= plan.tile_shape["m"] and c1 - c0 <= plan.tile_shape["n"]
+        cover[r0:r1, c0:c1] += 1
+    assert (cover == 1).all()
+    assert plan.tile_shape["k"] == min(tiling.get("k", k), k) == wl.tk
+    if tiling:
+        assert len(plan.tiles) == math.ceil(m / min(tiling["m"], m)) * math.ceil(n / min(tiling["n"], n))
+
+
+@pytest.mark.parametrize("m,n,k", [(97, 89, 101), (600, 700, 900)])
+def test_matmul_plan_under_a_small_budget_covers_c_and_fits(m, n, k):
+    devices = _devices(2)
+    budget = matmul_working_set(256, 256, 256, k, 4) + 1000
+    wl = Matmul(MatmulParams(m=m, n=n, k=k))
+    plan = wl.plan(devices, budget, {})
+    cover = np.zeros((m, n), dtype=np.int32)
+    for t in plan.tiles:
+        (r0, r1), (c0, c1) = t.bounds["m"], t.bounds["n"]
+        cover[r0:r1, c0:c1] += 1
+    assert (cover == 1).all()
+    assert plan.working_set <= budget
+
+
+@pytest.mark.parametrize("n,tiling", [(n, t) for n in (1, 7, 13, 97, 10_007) for t in ({}, {"n": 3})]
+                         + [(1_000_003, {}), (1_000_003, {"n": 997})])
+@pytest.mark.parametrize("n_workers", [1, 2, 3])
+def test_dot_plan_covers_x_exactly_once(n, n_workers, tiling):
+    devices = _devices(n_workers)
+    plan = Dot(DotParams(n=n)).plan(devices, 1 << 30, tiling)
+    _check_static(plan, devices)
+    cover = np.zeros(n, dtype=np.int32)
+    for t in plan.tiles:
+        lo, hi = t.bounds["n"]
+        cover[lo:hi] += 1
+    assert (cover == 1).all()
+    if tiling:
+        assert len(plan.tiles) == math.ceil(n / min(tiling["n"], n))
+
+
+def test_dot_plan_cuts_chunks_to_the_budget():
+    n, itemsize = 1_000_003, 4
+    budget = 100_000
+    plan = Dot(DotParams(n=n, dtype="float32")).plan(_devices(2), budget, {})
+    assert plan.working_set <= budget
+    assert all(2 * itemsize * t.size("n") <= budget for t in plan.tiles)
+    assert sum(t.size("n") for t in plan.tiles) == n
+
+
+@pytest.mark.parametrize("width,height", [(1, 1), (7, 13), (97, 89), (5000, 3)])
+@pytest.mark.parametrize("n_workers", [1, 2, 3])
+@pytest.mark.parametrize("tiling", [{}, {"rows": 5}])
+def test_mandelbrot_plan_covers_the_image_exactly_once(width, height, n_workers, tiling):
+    plan = Mandelbrot(MandelbrotParams(width=width, height=height)).plan(_devices(n_workers), 1 << 30, tiling)
+    assert plan.placement == "dynamic"
+    assert all(t.worker is None for t in plan.tiles)
+    cover = np.zeros((height, width), dtype=np.int32)
+    for t in plan.tiles:
+        r0, r1 = t.bounds["rows"]
+        assert 0 < r1 - r0 <= plan.tile_shape["rows"]
+        cover[r0:r1, :] += 1
+    assert (cover == 1).all()
+    if height >= 8 * n_workers and not tiling:
+        # Enough bands to balance dynamically. (The planner aims at 8 per worker but rounds
+        # the band height up, so e.g. 13 rows on 1 worker give 7 bands; 4 per worker holds.)
+        assert len(plan.tiles) >= 4 * n_workers

@@ -1,0 +1,58 @@
+"""Ceilings: measured once per device model, cached, and set against every result."""
+
+from __future__ import annotations
+
+import json
+
+import dask.config
+import pytest
+
+from conftest import submit_json, write_job
+
+JOB = {"workload": "matmul", "params": {"m": 64, "n": 48, "k": 32}}
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+    folder = tmp_path / "cache"
+    with dask.config.set({"mgpu.cache-dir": str(folder)}):
+        yield folder
+
+
+def test_roofline_is_the_sum_of_cached_ceilings(tmp_path, scheduler, cache_dir):
+    job = write_job(tmp_path / "job.yaml", JOB)
+    # First run measures and caches each device model's ceilings.
+    res, first = submit_json(job, tmp_path / "a.json", "--scheduler", scheduler)
+    assert res.code == 0, res.output
+    cache_file = cache_dir / "ceilings.json"
+    cache = json.loads(cache_file.read_text())
+    (key, rates), = cache.items()  # two CPU workers of one model: one entry
+    assert {"gemm_float32", "gemm_float64", "copy", "mandelbrot_float32"} <= set(rates)
+    assert all(v > 0 for v in rates.values())
+
+    # Replace the cached figure: a second run must use it, not measure again.
+    rates["gemm_float32"] = 123.0
+    cache_file.write_text(json.dumps({key: rates}))
+    res, second = submit_json(job, tmp_path / "b.json", "--scheduler", scheduler)
+    assert res.code == 0, res.output
+    roof = second["roofline"]
+    assert roof["limit"] == pytest.approx(2 * 123.0)
+    assert roof["fraction"] == pytest.approx(second["throughput"]["value"] / (2 * 123.0))
+    assert "gemm_float32" in roof["basis"]
+    assert json.loads(cache_file.read_text())[key]["gemm_float32"] == 123.0
+
+
+def test_each_workload_is_set_against_its_own_ceiling(tmp_path, scheduler, cache_dir):
+    jobs = {
+        "dot": ({"workload": "dot", "params": {"n": 1000}}, "copy"),
+        "mandelbrot": ({"workload": "mandelbrot", "params": {"width": 40, "height": 30, "dtype": "float64"}},
+                       "mandelbrot_float64"),
+        "matmul-f64": ({"workload": "matmul", "params": {"m": 8, "n": 8, "k": 8, "dtype": "float64"}},
+                       "gemm_float64"),
+    }
+    for name, (doc, ceiling) in jobs.items():
+        res, data = submit_json(write_job(tmp_path / f"{name}.yaml", doc), tmp_path / f"{name}.json",
+                                "--scheduler", scheduler)
+        assert res.code == 0, res.output
+        (rates,) = json.loads((cache_dir / "ceilings.json").read_text()).values()
+        assert data["roofline"]["limit"] == pytest.approx(2 * rates[ceiling]), name

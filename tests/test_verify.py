@@ -1,0 +1,87 @@
+"""A corrupted tile fails the job: every workload's check catches the fault that the workers
+inject (dask config ``mgpu.testing.corrupt-tile``), exit 1, and no output is kept."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import invoke, start_local_cluster, write_job
+from mgpu import kernels
+
+CORRUPT_TILE = 1
+
+
+@pytest.fixture(scope="module")
+def faulty_scheduler() -> Any:
+    """A LocalCluster whose workers corrupt tile 1 of every job (set in their environment)."""
+    cluster = start_local_cluster(env={"DASK_MGPU__TESTING__CORRUPT_TILE": str(CORRUPT_TILE)})
+    try:
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
+
+
+JOBS = {
+    "matmul": lambda t: {"workload": "matmul",
+                         "params": {"m": 8, "n": 10, "k": 3, "output": str(t / "c.npy")},
+                         "tiling": {"m": 4, "n": 5}},
+    "matmul-k-split": lambda t: {"workload": "matmul",
+                                 "params": {"m": 37, "n": 41, "k": 43, "dtype": "float64", "output": str(t / "c.npy")},
+                                 "tiling": {"m": 10, "n": 20, "k": 11}},
+    "dot": lambda t: {"workload": "dot", "params": {"n": 100_003}},
+    "mandelbrot": lambda t: {"workload": "mandelbrot",
+                             "params": {"width": 33, "height": 29, "max_iter": 40,
+                                        "output": {"npy": str(t / "m.npy"), "png": str(t / "m.png")}}},
+}
+
+
+@pytest.mark.parametrize("name", list(JOBS))
+def test_corrupted_tile_fails_the_job(tmp_path, faulty_scheduler, name):
+    job = write_job(tmp_path / "job.yaml", JOBS[name](tmp_path))
+    out_json = tmp_path / "result.json"
+    res = invoke("submit", job, "--scheduler", faulty_scheduler, "--json", out_json, "-q")
+    assert "Traceback" not in res.output
+    assert res.code == 1, res.output
+    assert "verification failed" in res.stderr
+    data = json.loads(out_json.read_text())
+    assert data["status"] == "failed"
+    assert data["verify"]["passed"] is False
+    assert data["verify"]["failed_tiles"] == [CORRUPT_TILE]
+    assert data["plan"]["tiles"] >= 2
+    assert data["outputs"] == []
+    # Nothing under the outputs' names, and no temporary files left behind.
+    assert sorted(os.listdir(tmp_path)) == ["job.yaml", "result.json"]
+
+
+def test_the_fault_is_real_when_verification_is_off(tmp_path, faulty_scheduler):
+    """With --no-verify the same corruption goes through: the check above is what caught it."""
+    out = tmp_path / "c.npy"
+    job = write_job(tmp_path / "job.yaml", JOBS["matmul"](tmp_path))
+    res = invoke("submit", job, "--scheduler", faulty_scheduler, "--no-verify", "-q",
+                 "--json", tmp_path / "result.json")
+    assert res.code == 0, res.output
+    data = json.loads((tmp_path / "result.json").read_text())
+    assert data["status"] == "ok" and data["verify"]["passed"] is None
+    a = kernels.random_block(np, seed=0, operand=0, rows=(0, 8), cols=(0, 3), total_cols=3, dtype="float32")
+    b = kernels.random_block(np, seed=0, operand=1, rows=(0, 3), cols=(0, 10), total_cols=10, dtype="float32")
+    diff = np.load(out).astype(np.float64) - a.astype(np.float64) @ b.astype(np.float64)
+    # Tiles of 4 x 5 in row-major order: tile 1 is rows 0-3, columns 5-9; its [0, 0] is C[0, 5].
+    wrong = np.argwhere(np.abs(diff) > 1e-5)
+    assert wrong.tolist() == [[0, 5]]
+    assert diff[0, 5] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_healthy_cluster_passes_the_same_job(tmp_path, scheduler):
+    """The control: without the fault the same job passes and keeps its output."""
+    job = write_job(tmp_path / "job.yaml", JOBS["matmul"](tmp_path))
+    res = invoke("submit", job, "--scheduler", scheduler, "-q", "--json", tmp_path / "result.json")
+    assert res.code == 0, res.output
+    data = json.loads((tmp_path / "result.json").read_text())
+    assert data["verify"]["passed"] is True and data["verify"]["failed_tiles"] == []
+    assert Path(data["outputs"][0]).is_file()

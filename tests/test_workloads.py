@@ -1,0 +1,269 @@
+"""Each workload end to end through the real CLI on a real LocalCluster, checked against
+independent NumPy references on awkward sizes."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import submit_json, write_job
+from mgpu import kernels
+
+
+def _submit(tmp_path: Path, scheduler: str, doc: dict[str, Any], *extra: Any) -> dict[str, Any]:
+    """Run ``doc`` on the shared cluster; check what every good run reports; return the JSON."""
+    job = write_job(tmp_path / "job.yaml", doc)
+    res, data = submit_json(job, tmp_path / "result.json", "--scheduler", scheduler, *extra)
+    assert res.code == 0, res.output
+    assert "Traceback" not in res.output
+    assert data is not None
+    assert data["status"] == "ok"
+    assert data["workload"] == doc["workload"]
+    assert data["backend"] == "cpu"
+    assert data["verify"]["passed"] is True and data["verify"]["failed_tiles"] == []
+    # Every tile ran exactly once, on the workers the result names.
+    assert sum(d["tiles"] for d in data["per_device"]) == data["plan"]["tiles"]
+    assert {d["id"] for d in data["per_device"]} <= {d["id"] for d in data["devices"]}
+    assert len(data["devices"]) == 2
+    if data["plan"]["tiles"] >= 2:  # static runs split evenly; dynamic runs seed every worker
+        assert sorted(d["id"] for d in data["per_device"]) == [0, 1]
+        assert all(d["tiles"] >= 1 for d in data["per_device"])
+    # The job as run, every default filled in.
+    job_out = data["job"]
+    assert job_out["name"] == "job"  # the file's stem
+    assert job_out["cluster"]["scheduler"] == scheduler
+    assert job_out["cluster"]["allocator"] == "pool" and job_out["cluster"]["spill"] == "managed"
+    assert job_out["cluster"]["protocol"] == "auto" and job_out["cluster"]["devices"] == "all"
+    assert job_out["verify"] is True
+    if not extra:
+        assert job_out["tiling"] == doc.get("tiling", "auto")
+    assert data["wall_s"] > 0 and data["compute_s"] >= 0
+    return data
+
+
+def _random(seed: int, operand: int, rows: int, cols: int, dtype: str) -> np.ndarray:
+    return kernels.random_block(np, seed=seed, operand=operand, rows=(0, rows), cols=(0, cols),
+                                total_cols=cols, dtype=dtype)
+
+
+def _assert_matmul_close(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """|C - A@B| within the classic bound (k + 2) * eps * (|A| @ |B|), elementwise."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    ref = a64 @ b64
+    bound = (a.shape[1] + 2) * np.finfo(c.dtype).eps * (np.abs(a64) @ np.abs(b64)) + np.finfo(c.dtype).tiny
+    err = np.abs(c.astype(np.float64) - ref)
+    assert (err <= bound).all(), f"max error {err.max()}, worst ratio {(err / bound).max()}"
+
+
+# -- matmul ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("m,n,k,dtype,tiling", [
+    (1, 1, 1, None, None),
+    (7, 13, 1, None, None),             # k = 1
+    (97, 89, 101, "float64", None),     # primes
+    (97, 89, 101, None, {"m": 32, "n": 40, "k": 37}),  # several tiles per worker, k split
+    (33, 17, 65, "float16", {"k": 16}),
+])
+def test_matmul_random_matches_numpy(tmp_path, scheduler, m, n, k, dtype, tiling):
+    out = tmp_path / "c.npy"
+    params: dict[str, Any] = {"m": m, "n": n, "k": k, "seed": 5, "output": str(out)}
+    if dtype:
+        params["dtype"] = dtype
+    doc: dict[str, Any] = {"workload": "matmul", "params": params}
+    if tiling:
+        doc["tiling"] = tiling
+    data = _submit(tmp_path, scheduler, doc)
+    want_dtype = dtype or "float32"
+    assert data["job"]["params"] == {"m": m, "n": n, "k": k, "dtype": want_dtype, "precision": "default",
+                                     "seed": 5, "input": "random", "output": str(out)}
+    assert data["outputs"] == [str(out)]
+    assert data["value"] is None and data["throughput"]["unit"] == "TFLOP/s"
+    assert data["verify"]["method"] == "freivalds"
+    c = np.load(out)
+    assert c.shape == (m, n) and c.dtype == np.dtype(want_dtype)
+    a = _random(5, 0, m, k, want_dtype)
+    b = _random(5, 1, k, n, want_dtype)
+    _assert_matmul_close(c, a, b)
+    if tiling and "m" in tiling:
+        assert data["plan"]["tiles"] == math.ceil(m / tiling["m"]) * math.ceil(n / tiling["n"])
+        assert data["plan"]["tile_shape"] == tiling
+        assert all(d["tiles"] == data["plan"]["tiles"] // 2 for d in data["per_device"])
+    if tiling and "k" in tiling:
+        assert data["plan"]["tile_shape"]["k"] == tiling["k"] < k
+    assert [p for p in os.listdir(tmp_path) if "partial" in p] == []
+
+
+def test_matmul_tiling_does_not_change_the_answer(tmp_path, scheduler):
+    """The same job tiled two ways writes the same C: inputs do not depend on tiles."""
+    params = {"m": 61, "n": 67, "k": 71, "dtype": "float64", "seed": 1}
+    one = tmp_path / "one"
+    many = tmp_path / "many"
+    one.mkdir()
+    many.mkdir()
+    _submit(one, scheduler, {"workload": "matmul", "params": {**params, "output": str(one / "c.npy")},
+                             "tiling": {"m": 61, "n": 67, "k": 71}})
+    _submit(many, scheduler, {"workload": "matmul", "params": {**params, "output": str(many / "c.npy")},
+                              "tiling": {"m": 10, "n": 9}})
+    c1, c2 = np.load(one / "c.npy"), np.load(many / "c.npy")
+    np.testing.assert_allclose(c1, c2, rtol=0, atol=1e-13 * np.abs(c1).max())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_matmul_from_npy_files(tmp_path, scheduler, dtype):
+    rng = np.random.default_rng(42)
+    a = rng.standard_normal((29, 31)).astype(dtype)
+    b = rng.standard_normal((31, 23)).astype(dtype)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    out = tmp_path / "c.npy"
+    data = _submit(tmp_path, scheduler, {
+        "workload": "matmul",
+        "params": {"input": {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")}, "output": str(out)},
+        "tiling": {"m": 8, "k": 10},
+    })
+    p = data["job"]["params"]
+    assert (p["m"], p["n"], p["k"], p["dtype"]) == (29, 23, 31, dtype)  # sizes come from the files
+    c = np.load(out)
+    assert c.dtype == a.dtype and c.shape == (29, 23)
+    _assert_matmul_close(c, a, b)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5 if dtype == "float32" else 1e-12,
+                               atol=1e-5 if dtype == "float32" else 1e-12)
+
+
+# -- dot ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_dot_random_matches_numpy(tmp_path, scheduler, dtype):
+    n = 1_000_003
+    data = _submit(tmp_path, scheduler, {"workload": "dot", "params": {"n": n, "dtype": dtype, "seed": 2}})
+    assert data["job"]["params"] == {"n": n, "dtype": dtype, "seed": 2, "input": "random"}
+    assert data["throughput"]["unit"] == "GB/s" and data["outputs"] == []
+    x = _random(2, 0, 1, n, dtype).ravel().astype(np.float64)
+    y = _random(2, 1, 1, n, dtype).ravel().astype(np.float64)
+    want = math.fsum(x * y)  # exactly rounded sum of the float64 products
+    assert abs(data["value"] - want) <= 1e-12 * abs(want)
+    assert abs(data["value"] - float(np.dot(x, y))) <= 1e-12 * abs(want)
+
+
+def test_dot_default_dtype_and_repeat_from_the_job_as_run(tmp_path, scheduler):
+    data = _submit(tmp_path, scheduler, {"workload": "dot", "params": {"n": 10_007}})
+    assert data["job"]["params"]["dtype"] == "float32" and data["job"]["params"]["seed"] == 0
+    # Feeding the recorded job back repeats the run bit for bit.
+    again_dir = tmp_path / "again"
+    again_dir.mkdir()
+    job = write_job(again_dir / "job.yaml", data["job"])
+    res, again = submit_json(job, again_dir / "result.json")
+    assert res.code == 0, res.output
+    assert again["value"] == data["value"]
+    assert again["job"] == data["job"]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_dot_from_npy_files(tmp_path, scheduler, dtype):
+    n = 100_003
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-2, 2, n).astype(dtype)
+    y = rng.uniform(-2, 2, n).astype(dtype)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    data = _submit(tmp_path, scheduler, {
+        "workload": "dot", "params": {"input": {"x": str(tmp_path / "x.npy"), "y": str(tmp_path / "y.npy")}},
+        "tiling": {"n": 7919},
+    })
+    assert data["job"]["params"]["n"] == n and data["job"]["params"]["dtype"] == dtype
+    assert data["plan"]["tiles"] == math.ceil(n / 7919)
+    want = float(np.dot(x.astype(np.float64), y.astype(np.float64)))
+    assert abs(data["value"] - want) <= 1e-12 * abs(want)
+
+
+# -- mandelbrot ---------------------------------------------------------------------------
+
+
+def _escape_counts(width, height, xmin, xmax, ymin, ymax, max_iter, dtype):
+    """Plain escape-time counts, straight from the definition (not mgpu's kernel)."""
+    j = np.arange(width)
+    i = np.arange(height)
+    x = (xmin + (j + 0.5) * (xmax - xmin) / width).astype(dtype)
+    y = (ymax - (i + 0.5) * (ymax - ymin) / height).astype(dtype)
+    cr, ci = np.meshgrid(x, y)  # row i has y[i]: row 0 is the top of the image
+    zr = np.zeros_like(cr)
+    zi = np.zeros_like(ci)
+    counts = np.zeros((height, width), dtype=np.int32)
+    running = np.ones((height, width), dtype=bool)
+    for _ in range(max_iter):
+        running &= zr * zr + zi * zi <= 4
+        if not running.any():
+            break
+        counts += running
+        zr, zi = (np.where(running, zr * zr - zi * zi + cr, zr),
+                  np.where(running, 2 * zr * zi + ci, zi))
+    return counts
+
+
+WINDOW = {"xmin": -2.2, "xmax": 0.8, "ymin": -1.1, "ymax": 1.4}  # not symmetric: a flip would show
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_mandelbrot_counts_and_png(tmp_path, scheduler, dtype):
+    width, height, max_iter = 61, 47, 60
+    npy, png = tmp_path / "m.npy", tmp_path / "m.png"
+    params = {"width": width, "height": height, **WINDOW, "max_iter": max_iter,
+              "output": {"npy": str(npy), "png": str(png)}}
+    if dtype != "float32":
+        params["dtype"] = dtype
+    data = _submit(tmp_path, scheduler, {"workload": "mandelbrot", "params": params})
+    assert data["job"]["params"]["dtype"] == dtype
+    assert data["plan"]["placement"] == "dynamic" and data["plan"]["tiles"] >= 2
+    assert data["throughput"]["unit"] == "Giter/s" and data["value"] is None
+    assert sorted(data["outputs"]) == sorted([str(npy), str(png)])
+
+    counts = np.load(npy)
+    assert counts.dtype == np.int32 and counts.shape == (height, width)
+    want = _escape_counts(width, height, **WINDOW, max_iter=max_iter, dtype=dtype)
+    # A c that rounds one ulp apart may change a count on the boundary; nothing more.
+    assert np.mean(counts != want) <= 0.01
+    assert (counts == max_iter).any() and (counts < 3).any()  # the window holds set and outside
+
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from matplotlib.image import imread
+
+    img = imread(png)
+    assert img.shape[:2] == (height, width)
+    rgb = img[..., :3]
+    assert len(np.unique(rgb.reshape(-1, 3), axis=0)) > 5  # a picture, not one colour
+    inside = (counts == max_iter) & (want == max_iter)
+    assert (rgb[inside] == 0).all()  # points in the set are black ...
+    assert (rgb[counts < max_iter].max(axis=1) > 0).all()  # ... and only those
+    assert sorted(os.listdir(tmp_path)) == ["job.yaml", "m.npy", "m.png", "result.json"]
+
+
+def test_mandelbrot_wide_png_is_at_most_4096_a_side(tmp_path, scheduler):
+    png = tmp_path / "wide.png"
+    data = _submit(tmp_path, scheduler, {"workload": "mandelbrot", "params": {
+        "width": 5003, "height": 3, "max_iter": 20, "output": {"png": str(png)}}})
+    assert data["outputs"] == [str(png)]
+    from matplotlib.image import imread
+
+    img = imread(png)
+    assert max(img.shape[:2]) <= 4096 and img.shape[1] >= 2048
+    assert len(np.unique(img[..., :3].reshape(-1, 3), axis=0)) > 1
+    # The counts were scratch for the image: nothing else is left.
+    assert sorted(os.listdir(tmp_path)) == ["job.yaml", "result.json", "wide.png"]
+
+
+def test_mandelbrot_without_output_checks_and_reports(tmp_path, scheduler):
+    data = _submit(tmp_path, scheduler, {"workload": "mandelbrot", "params": {"width": 40, "height": 30,
+                                                                              "max_iter": 50}},
+                   "--set", "tiling.rows=7")
+    assert data["job"]["tiling"] == {"rows": 7}
+    assert data["plan"]["tiles"] == math.ceil(30 / 7) and data["outputs"] == []
+    assert data["job"]["params"]["output"] is None
+    assert data["verify"]["method"].startswith("cpu reference")
+    assert data["throughput"]["value"] > 0
