@@ -138,18 +138,19 @@ def main() -> None:
             devices=ndev, status=r["status"], verify=r["verify"], throughput=thr, unit=r["throughput"]["unit"],
             compute_s=r["compute_s"], wall_s=r["wall_s"], kernel_throughput=work / busy if busy else None,
             ceiling=ceil[key] * ndev, ratio=thr / (ceil[key] * ndev), kernel_ratio=(work / busy) / (ceil[key] * ndev) if busy else None,
-            value=r["value"], result=r,
+            value=r["value"], result=r, roofline=r.get("roofline"),
         )
         rows.append(row)
         print(f"{label}: {thr:.4g} {row['unit']} ({row['ratio']:.1%} of {ndev}x ceiling), kernel-only {row['kernel_ratio']:.1%}, "
               f"compute {r['compute_s']:.3f}s wall {r['wall_s']:.2f}s verify {r['verify']['passed']} err {r['verify']['max_rel_error']}", flush=True)
     report["jobs"] = rows
     (outdir / "bench.json").write_text(json.dumps(report, indent=2))
-    print("\n%-26s %4s %12s %9s %8s %8s %7s" % ("job", "dev", "throughput", "unit", "ratio", "kernel", "wall"))
+    print("\n%-26s %4s %12s %9s %8s %8s %8s %7s" % ("job", "dev", "throughput", "unit", "ratio", "kernel", "roofline", "wall"))
     for r in rows:
         if "throughput" in r:
-            print("%-26s %4d %12.4g %9s %7.1f%% %7.1f%% %6.1fs" % (r["label"], r["devices"], r["throughput"], r["unit"],
-                  100 * r["ratio"], 100 * (r["kernel_ratio"] or 0), r["wall_s"]))
+            roof = (r.get("roofline") or {}).get("fraction") or 0
+            print("%-26s %4d %12.4g %9s %7.1f%% %7.1f%% %7.1f%% %6.1fs" % (r["label"], r["devices"], r["throughput"], r["unit"],
+                  100 * r["ratio"], 100 * (r["kernel_ratio"] or 0), 100 * roof, r["wall_s"]))
         else:
             print("%-26s FAILED" % r["label"])
 

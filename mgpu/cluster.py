@@ -32,7 +32,7 @@ class ResolvedCluster:
     devices: list[int]  # GPU ordinals, or CPU worker indices
     allocator: str
     protocol: str
-    memory_limit: int | float
+    memory_limit: int | float | str  # "auto": AUTO_BUDGET of each worker's own kind
     scheduler: str | None
     dashboard: str | None
     why: str = ""  # why this backend, for the first line the user sees
@@ -62,7 +62,8 @@ class ClusterInfo:
     def budget(self) -> int:
         """Bytes each task may hold on its device: the smallest worker's share."""
         limit = self.resolved.memory_limit
-        return min(resolve_size(limit, f.memory) for f in self.devices.values())
+        return min(resolve_size(AUTO_BUDGET[f.backend] if limit == "auto" else limit, f.memory)
+                   for f in self.devices.values())
 
 
 def _cuda_available() -> bool:
@@ -79,8 +80,8 @@ def resolve_cluster(spec: ClusterSpec) -> ResolvedCluster:
     """
     if spec.scheduler:
         backend = "auto" if spec.backend == "auto" else spec.backend
-        memory_limit = spec.memory_limit if spec.memory_limit != "auto" else AUTO_BUDGET["cuda"]
-        return ResolvedCluster(backend, [], spec.allocator, spec.protocol, memory_limit, spec.scheduler, spec.dashboard)
+        return ResolvedCluster(backend, [], spec.allocator, spec.protocol, spec.memory_limit, spec.scheduler,
+                               spec.dashboard, "joined cluster")
 
     backend = spec.backend
     why = f"backend: {backend}"
@@ -119,8 +120,7 @@ def resolve_cluster(spec: ClusterSpec) -> ResolvedCluster:
             raise JobInputError(
                 "cluster.protocol: ucx needs distributed-ucxx (pip install 'mgpu[cuda13]'); use tcp or auto"
             )
-    memory_limit = spec.memory_limit if spec.memory_limit != "auto" else AUTO_BUDGET[backend]
-    return ResolvedCluster(backend, ids, spec.allocator, protocol, memory_limit, None, spec.dashboard, why)
+    return ResolvedCluster(backend, ids, spec.allocator, protocol, spec.memory_limit, None, spec.dashboard, why)
 
 
 def _start_cuda(rc: ResolvedCluster) -> Any:
@@ -129,7 +129,7 @@ def _start_cuda(rc: ResolvedCluster) -> Any:
     rmm: dict[str, Any] = {}
     if rc.allocator == "pool":
         # Take the planner's budget up front: tasks then allocate from the pool at once.
-        rmm["rmm_pool_size"] = rc.memory_limit
+        rmm["rmm_pool_size"] = AUTO_BUDGET["cuda"] if rc.memory_limit == "auto" else rc.memory_limit
     elif rc.allocator == "async":
         rmm["rmm_async"] = True
     elif rc.allocator == "managed":

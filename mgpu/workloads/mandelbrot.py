@@ -88,7 +88,7 @@ class Mandelbrot(Workload):
     def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int]) -> Plan:
         p = self.params
         # Bands of about 128 Mpixel, so the GPU works at least as long as the CPU check
-        # beside it (~10 ms), and at least 8 per worker so the fast ones can take more.
+        # beside it (~10 ms), and about 8 or more per worker so the fast ones can take more.
         rows = tiling.get("rows") or max(1, min((1 << 27) // p.width, math.ceil(p.height / (8 * len(devices)))))
         rows = min(rows, p.height)
         bands = split_by_size(p.height, rows)
