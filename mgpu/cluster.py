@@ -35,7 +35,8 @@ class ResolvedCluster:
     memory_limit: int | float | str  # "auto": AUTO_BUDGET of each worker's own kind
     scheduler: str | None
     dashboard: str | None
-    why: str = ""  # why this backend, for the first line the user sees
+    why: str = ""
+    spill: str = "none"  # "managed" only where it can work: GPU workers mgpu starts  # why this backend, for the first line the user sees
 
 
 @dataclass
@@ -46,6 +47,7 @@ class ClusterInfo:
     resolved: ResolvedCluster
     owned: bool
     devices: dict[str, DeviceFacts] = field(default_factory=dict)  # worker address -> facts
+    spills: bool = False  # allocations past the budget go to managed memory
 
     @property
     def backend(self) -> str:
@@ -120,18 +122,25 @@ def resolve_cluster(spec: ClusterSpec) -> ResolvedCluster:
             raise JobInputError(
                 "cluster.protocol: ucx needs distributed-ucxx (pip install 'mgpu[cuda13]'); use tcp or auto"
             )
-    return ResolvedCluster(backend, ids, spec.allocator, protocol, spec.memory_limit, None, spec.dashboard, why)
+    # Spilling needs an RMM resource to wrap: GPU workers with a pool or async allocator.
+    spill = spec.spill if backend == "cuda" and spec.allocator in ("pool", "async") else "none"
+    return ResolvedCluster(backend, ids, spec.allocator, protocol, spec.memory_limit, None, spec.dashboard, why,
+                           spill)
 
 
 def _start_cuda(rc: ResolvedCluster) -> Any:
     from dask_cuda import LocalCUDACluster
 
     rmm: dict[str, Any] = {}
+    budget = AUTO_BUDGET["cuda"] if rc.memory_limit == "auto" else rc.memory_limit
     if rc.allocator == "pool":
         # Take the planner's budget up front: tasks then allocate from the pool at once.
-        rmm["rmm_pool_size"] = AUTO_BUDGET["cuda"] if rc.memory_limit == "auto" else rc.memory_limit
+        rmm["rmm_pool_size"] = budget
     elif rc.allocator == "async":
         rmm["rmm_async"] = True
+    if rc.spill == "managed" and rc.allocator in ("pool", "async"):
+        # The budget is a hard cap: past it, allocations fall back to managed memory.
+        rmm["rmm_maximum_pool_size"] = budget
     elif rc.allocator == "managed":
         rmm["rmm_managed_memory"] = True
     if rc.allocator != "default":
@@ -182,11 +191,15 @@ def open_cluster(rc: ResolvedCluster) -> Iterator[ClusterInfo]:
             cluster = _start_cuda(rc) if rc.backend == "cuda" else _start_cpu(rc)
             client = Client(cluster)
         client.register_plugin(DeviceSetup(rc.backend if rc.backend != "auto" else "auto"))
+        if rc.spill == "managed":
+            from .spill import SpillToManaged
+
+            client.register_plugin(SpillToManaged())
         facts = client.run(_describe)
         if not facts:
             raise JobInputError(f"cluster.scheduler: the scheduler at {rc.scheduler} has no workers")
         ordered = dict(sorted(facts.items(), key=lambda kv: (kv[1].host, kv[1].id, kv[0])))
-        yield ClusterInfo(client, rc, owned=cluster is not None, devices=ordered)
+        yield ClusterInfo(client, rc, owned=cluster is not None, devices=ordered, spills=rc.spill == "managed")
     finally:
         if client is not None:
             client.close()

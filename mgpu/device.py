@@ -118,9 +118,10 @@ class Device:
         self.bytes_d2h += out.nbytes
         return out
 
-    def peak_memory(self) -> int:
-        """Peak bytes the device allocator held (RMM statistics where enabled)."""
-        return int(self.extra.get("peak_memory", 0))
+    def spill_counts(self) -> tuple[int, int]:
+        """(events, bytes) allocated in managed memory so far because the budget was full."""
+        fallback = self.extra.get("spill")
+        return (fallback.events, fallback.bytes) if fallback is not None else (0, 0)
 
 
 _CURRENT: Device | None = None

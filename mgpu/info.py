@@ -105,7 +105,7 @@ def runtime_env(info: ClusterInfo) -> dict[str, Any]:
     """The environment a result records: versions here and on a worker, GPUs, allocator, protocol."""
     env: dict[str, Any] = {
         "client": _versions(),
-        "allocator": info.resolved.allocator,
+        "allocator": info.resolved.allocator if info.backend == "cuda" else "numpy",
         "protocol": info.resolved.protocol,
         "gpus": sorted({f.name for f in info.devices.values()}),
         "hosts": sorted({f.host for f in info.devices.values()}),

@@ -111,6 +111,7 @@ def choose_matmul_tiles(
     n_workers: int,
     explicit: dict[str, int] | None = None,
     min_tile: int = 256,
+    spill: bool = False,
 ) -> tuple[int, int, int]:
     """Tile sizes (tm, tn, tk) for C[m, n] = A[m, k] @ B[k, n] under a per-device budget.
 
@@ -118,10 +119,13 @@ def choose_matmul_tiles(
     tile), halves the larger of tm and tn while the working set exceeds the budget, and
     splits k only once both are at ``min_tile``. Explicit sizes are kept as given.
 
+    With ``spill`` (managed memory takes what the budget cannot), the smallest tile is
+    returned even when it does not fit.
+
     Raises
     ------
     JobInputError
-        If even the smallest tile does not fit the budget.
+        If even the smallest tile does not fit the budget and ``spill`` is off.
     """
     explicit = explicit or {}
     tm = min(explicit.get("m", m), m)
@@ -142,12 +146,15 @@ def choose_matmul_tiles(
             tm = math.ceil(tm / 2)
         elif "k" not in explicit and tk > min_tile:
             tk = math.ceil(tk / 2)
+        elif spill:
+            break
         else:
             need = matmul_working_set(tm, tn, tk, k, itemsize)
             raise JobInputError(
                 f"cluster.memory_limit: a matmul tile of {tm} x {tn} x {tk} needs "
                 f"{format_bytes(need)} per device but the budget is {format_bytes(budget)}; "
-                "raise cluster.memory_limit, use smaller tiling sizes, or set spill: managed"
+                "raise cluster.memory_limit or use smaller tiling sizes (or, on GPUs, spill: managed "
+                "to let managed memory take the excess)"
             )
     if not explicit:
         tm, tn = _balance(m, n, tm, tn, n_workers)

@@ -147,6 +147,7 @@ def build_result(
         throughput=throughput,
         roofline=_roofline(throughput, workload.ceiling(), ceilings or {}),
         per_device=rows,
+        spill=Spill(events=sum(r.spill_events for r in records), bytes=sum(r.spill_bytes for r in records)),
         verify=verify,
         outputs=outputs,
         plan={"tiles": len(plan.tiles), "placement": plan.placement, "tile_shape": plan.tile_shape,
@@ -194,6 +195,9 @@ def print_result(result: Result, console: Console) -> None:
         tiles = f", failed tiles {v.failed_tiles[:10]}" if v.failed_tiles else ""
         table.add_row("verify", f"{'passed' if v.passed else '[red]FAILED[/red]'} ({v.method}{err}{tiles})")
     table.add_row("plan", f"{result.plan['tiles']} tiles {result.plan['tile_shape']}, {result.plan['placement']}")
+    if result.spill.events:
+        table.add_row("spilled", f"{result.spill.events} allocations, {format_bytes(result.spill.bytes)} "
+                      "to managed memory")
     for path in result.outputs:
         table.add_row("output", path)
     console.print(table)

@@ -29,7 +29,7 @@ __all__ = ["ceilings_for", "measure_ceilings"]
 
 # Sizes that keep each device busy well past launch overheads, per backend.
 _SIZES = {
-    "cuda": {"gemm": 8192, "copy_bytes": 1 << 30, "mandel": 2048, "max_iter": 1000, "repeat": 5},
+    "cuda": {"gemm": 8192, "copy_bytes": 1 << 30, "mandel": 8192, "max_iter": 1000, "repeat": 5},
     "cpu": {"gemm": 384, "copy_bytes": 32 << 20, "mandel": 128, "max_iter": 200, "repeat": 3},
 }
 

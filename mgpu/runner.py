@@ -41,9 +41,11 @@ class Events:
 
 def _run_tile(workload: Workload, tile: Tile) -> TileRecord:
     dev = _device.current()
-    h2d, d2h = dev.bytes_h2d, dev.bytes_d2h
+    h2d, d2h, (events, spilled) = dev.bytes_h2d, dev.bytes_d2h, dev.spill_counts()
     record = workload.run_tile(dev, tile)
     record.bytes_h2d, record.bytes_d2h = dev.bytes_h2d - h2d, dev.bytes_d2h - d2h
+    now_events, now_spilled = dev.spill_counts()
+    record.spill_events, record.spill_bytes = now_events - events, now_spilled - spilled
     return record
 
 
@@ -132,7 +134,7 @@ def run_job(job: Job, events: Events | None = None) -> Result:
         with open_cluster(resolved) as info:
             events.cluster_ready(info)
             ceilings = ceilings_for(info.client, info.devices)
-            plan = workload.plan(info.devices, info.budget(), tiling)
+            plan = workload.plan(info.devices, info.budget(), tiling, spill=info.spills)
             events.planned(plan)
             for sink in sinks:
                 sink.create()

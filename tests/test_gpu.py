@@ -129,3 +129,26 @@ def test_tiles_spread_over_both_gpus():
     result = run_job(validate_job(_job("matmul", {"m": 4096, "n": 4096, "k": 1024}, devices=[0, 1])))
     assert sorted(d.id for d in result.per_device) == [0, 1]
     assert all(d.tiles >= 1 and d.busy_s > 0 for d in result.per_device)
+
+
+@pytest.mark.parametrize("allocator", ["pool", "async"])
+def test_spill_to_managed_memory_finishes_a_tile_bigger_than_the_budget(allocator):
+    # A 1 GB cap and a tile that needs ~1.8 GB: what spills stays far below the card's free memory.
+    params = {"m": 12288, "n": 12288, "k": 12288, "dtype": "float32", "seed": 2}
+    doc = _job("matmul", params, devices=[0], allocator=allocator, memory_limit="1GB", spill="managed")
+    doc["tiling"] = {"m": 12288, "n": 12288, "k": 12288}
+    result = run_job(validate_job(doc))
+    assert result.status == "ok" and result.verify.passed
+    assert result.spill.events >= 1 and result.spill.bytes >= 12288 * 12288 * 4
+
+    from mgpu.errors import JobInputError
+
+    doc["cluster"]["spill"] = "none"
+    with pytest.raises(JobInputError, match="cluster.memory_limit"):
+        run_job(validate_job(doc))
+
+
+def test_within_budget_nothing_spills():
+    result = run_job(validate_job(_job("matmul", {"m": 2048, "n": 2048, "k": 2048}, devices=[0],
+                                       memory_limit="4GB", spill="managed")))
+    assert result.verify.passed and result.spill.events == 0 and result.spill.bytes == 0

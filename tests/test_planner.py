@@ -244,3 +244,15 @@ def test_mandelbrot_plan_covers_the_image_exactly_once(width, height, n_workers,
         # Enough bands to balance dynamically. (The planner aims at 8 per worker but rounds
         # the band height up, so e.g. 13 rows on 1 worker give 7 bands; 4 per worker holds.)
         assert len(plan.tiles) >= 4 * n_workers
+
+
+def test_spill_lets_the_smallest_tile_exceed_the_budget():
+    from mgpu.planner import choose_matmul_tiles, matmul_working_set
+
+    budget = 1 << 20
+    with pytest.raises(JobInputError, match="cluster.memory_limit"):
+        choose_matmul_tiles(4096, 4096, 4096, 4, budget=budget, n_workers=2)
+    tm, tn, tk = choose_matmul_tiles(4096, 4096, 4096, 4, budget=budget, n_workers=2, spill=True)
+    # Shrunk as far as the planner goes, then handed to managed memory rather than refused.
+    assert (tm, tn, tk) == (256, 256, 256)
+    assert matmul_working_set(tm, tn, tk, 4096, 4) > budget

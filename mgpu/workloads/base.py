@@ -33,6 +33,8 @@ class TileRecord:
     bytes_h2d: int = 0
     bytes_d2h: int = 0
     value: float | None = None
+    spill_events: int = 0
+    spill_bytes: int = 0
     verify_error: float | None = None
     verify_ok: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -73,8 +75,13 @@ class Workload(ABC):
         """Check outputs and create their temporary files (the sinks); before any task."""
 
     @abstractmethod
-    def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int]) -> Plan:
-        """Tile the job for these workers (address -> facts) under ``budget`` bytes each."""
+    def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *,
+             spill: bool = False) -> Plan:
+        """Tile the job for these workers (address -> facts) under ``budget`` bytes each.
+
+        With ``spill`` a task may exceed the budget (its excess goes to managed memory);
+        without it, a job whose smallest tile does not fit raises JobInputError.
+        """
 
     @abstractmethod
     def ceiling(self) -> str:

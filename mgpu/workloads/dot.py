@@ -87,7 +87,8 @@ class Dot(Workload):
             NpySource(inspect_npy(p.input["y"], key="input.y")),
         )
 
-    def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int]) -> Plan:
+    def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *,
+             spill: bool = False) -> Plan:
         p = self.params
         itemsize = np.dtype(p.dtype).itemsize
         workers = list(devices)
@@ -95,7 +96,7 @@ class Dot(Workload):
         max_len = int(budget * 0.75) // (2 * itemsize)
         if "n" in tiling:
             chunk = min(tiling["n"], p.n)
-            if 2 * itemsize * chunk > budget:
+            if 2 * itemsize * chunk > budget and not spill:
                 raise JobInputError(
                     f"tiling.n: a chunk of {chunk} elements needs {format_bytes(2 * itemsize * chunk)} "
                     f"but the per-device budget is {format_bytes(budget)}"

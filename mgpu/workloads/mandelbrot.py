@@ -85,7 +85,8 @@ class Mandelbrot(Workload):
             if "counts" not in self.sinks:  # the image is drawn from counts kept only meanwhile
                 self.sinks["counts"] = NpySink.for_path(png[:-4] + ".npy", shape, "int32", keep=False)
 
-    def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int]) -> Plan:
+    def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *,
+             spill: bool = False) -> Plan:
         p = self.params
         # Bands of about 128 Mpixel, so the GPU works at least as long as the CPU check
         # beside it (~10 ms), and about 8 or more per worker so the fast ones can take more.

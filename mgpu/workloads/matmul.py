@@ -122,11 +122,12 @@ class Matmul(Workload):
             path = check_output_path(p.output, key="params.output", suffix=".npy", force=force)
             self.sinks["c"] = NpySink.for_path(path, (p.m, p.n), p.dtype)
 
-    def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int]) -> Plan:
+    def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *,
+             spill: bool = False) -> Plan:
         p = self.params
         itemsize = np.dtype(p.dtype).itemsize
         tm, tn, tk = choose_matmul_tiles(
-            p.m, p.n, p.k, itemsize, budget=budget, n_workers=len(devices), explicit=tiling
+            p.m, p.n, p.k, itemsize, budget=budget, n_workers=len(devices), explicit=tiling, spill=spill
         )
         self.tk = tk
         boxes = [(r, c) for r in split_by_size(p.m, tm) for c in split_by_size(p.n, tn)]
