@@ -133,6 +133,20 @@ template<> __device__ __forceinline__ double dot_vec<double, double2, 2>(const d
     return a.x * b.x + a.y * b.y;
 }
 
+// Sum a value over the block and store it as this block's partial.
+__device__ __forceinline__ void store_block_sum(double acc, double* partial) {
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+    __shared__ double warp_sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) warp_sums[warp] = acc;
+    __syncthreads();
+    if (warp == 0) {
+        acc = lane < (blockDim.x >> 5) ? warp_sums[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+        if (lane == 0) partial[blockIdx.x] = acc;
+    }
+}
+
 // One partial sum per block; the host side adds the partials (deterministic order).
 template<typename T, typename V, int W>
 __global__ void dot_partial(const T* __restrict__ x, const T* __restrict__ y,
@@ -151,16 +165,7 @@ __global__ void dot_partial(const T* __restrict__ x, const T* __restrict__ y,
     if (blockIdx.x == 0) {
         for (long long t = nvec * W + threadIdx.x; t < n; t += blockDim.x) acc += (double)x[t] * (double)y[t];
     }
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
-    __shared__ double warp_sums[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) warp_sums[warp] = acc;
-    __syncthreads();
-    if (warp == 0) {
-        acc = lane < (blockDim.x >> 5) ? warp_sums[lane] : 0.0;
-        for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
-        if (lane == 0) partial[blockIdx.x] = acc;
-    }
+    store_block_sum(acc, partial);
 }
 
 // Any dtype, any alignment: the plain loop.
@@ -171,16 +176,7 @@ __global__ void dot_partial_scalar(const T* __restrict__ x, const T* __restrict_
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
         acc += (double)x[i] * (double)y[i];
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
-    __shared__ double warp_sums[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) warp_sums[warp] = acc;
-    __syncthreads();
-    if (warp == 0) {
-        acc = lane < (blockDim.x >> 5) ? warp_sums[lane] : 0.0;
-        for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
-        if (lane == 0) partial[blockIdx.x] = acc;
-    }
+    store_block_sum(acc, partial);
 }
 """
 

@@ -21,7 +21,7 @@ from . import kernels
 from .device import Device
 from .errors import JobInputError
 
-__all__ = ["NpyInfo", "NpySink", "NpySource", "RandomSource", "inspect_npy", "check_output_path"]
+__all__ = ["NpyInfo", "NpySink", "NpySource", "RandomSource", "inspect_npy", "check_output_path", "input_files"]
 
 FLOAT_DTYPES = ("float16", "float32", "float64")
 
@@ -88,6 +88,22 @@ class NpySource:
         block = mm[rows[0] : rows[1]] if cols is None else mm[rows[0] : rows[1], cols[0] : cols[1]]
         with dev.on_stream():
             return dev.to_device(np.ascontiguousarray(block))
+
+
+def input_files(value: object, names: tuple[str, str]) -> object:
+    """Validate a workload's ``input:``: ``"random"`` or a mapping of both operand files."""
+    if value == "random":
+        return value
+    listing = ", ".join(f"{n}: {n}.npy" for n in names)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected 'random' or the files {{{listing}}}")
+    unknown = sorted(set(value) - set(names))
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r}; allowed: {', '.join(names)}")
+    missing = sorted(set(names) - set(value))
+    if missing:
+        raise ValueError(f"missing {missing[0]!r}; give both {' and '.join(names)}")
+    return {key: inspect_npy(path, key=key).path for key, path in value.items()}
 
 
 def check_output_path(path: str | Path, *, key: str, suffix: str, force: bool) -> str:

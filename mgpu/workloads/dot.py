@@ -14,7 +14,7 @@ from ..errors import JobInputError
 from ..kernels import dot_f64
 from ..planner import Plan, Tile, assign_contiguous, split
 from ..sizes import format_bytes
-from ..sources import NpySource, RandomSource, inspect_npy
+from ..sources import input_files, NpySource, RandomSource, inspect_npy
 from .base import TileRecord, Workload, injected_fault
 from .checks import unit_roundoff
 
@@ -34,17 +34,7 @@ class DotParams(BaseModel):
     @field_validator("input", mode="before")
     @classmethod
     def _input(cls, v: Any) -> Any:
-        if v == "random":
-            return v
-        if not isinstance(v, dict):
-            raise ValueError("expected 'random' or the files {x: x.npy, y: y.npy}")
-        unknown = sorted(set(v) - {"x", "y"})
-        if unknown:
-            raise ValueError(f"unknown key {unknown[0]!r}; allowed: x, y")
-        missing = sorted({"x", "y"} - set(v))
-        if missing:
-            raise ValueError(f"missing {missing[0]!r}; give both x and y")
-        return {key: inspect_npy(path, key=key).path for key, path in v.items()}
+        return input_files(v, ('x', 'y'))
 
     @model_validator(mode="after")
     def _sizes(self) -> DotParams:

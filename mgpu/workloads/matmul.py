@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..device import Device, DeviceFacts
 from ..planner import Plan, Tile, assign_contiguous, choose_matmul_tiles, matmul_working_set, split_by_size
-from ..sources import NpySink, NpySource, RandomSource, check_output_path, inspect_npy
+from ..sources import input_files, NpySink, NpySource, RandomSource, check_output_path, inspect_npy
 from .base import TileRecord, Workload, injected_fault
 from .checks import matvec_f64, relative_residual, unit_roundoff
 
@@ -35,17 +35,7 @@ class MatmulParams(BaseModel):
     @field_validator("input", mode="before")
     @classmethod
     def _input(cls, v: Any) -> Any:
-        if v == "random":
-            return v
-        if not isinstance(v, dict):
-            raise ValueError("expected 'random' or the files {a: a.npy, b: b.npy}")
-        unknown = sorted(set(v) - {"a", "b"})
-        if unknown:
-            raise ValueError(f"unknown key {unknown[0]!r}; allowed: a, b")
-        missing = sorted({"a", "b"} - set(v))
-        if missing:
-            raise ValueError(f"missing {missing[0]!r}; give both a and b")
-        return {key: inspect_npy(path, key=key).path for key, path in v.items()}
+        return input_files(v, ('a', 'b'))
 
     @model_validator(mode="after")
     def _sizes(self) -> MatmulParams:
