@@ -10,7 +10,6 @@ ratio is its throughput over that ceiling times the devices it used.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -105,7 +104,7 @@ def _quick(jobs):
 
 def main() -> None:
     outdir = Path(sys.argv[1])
-    # Each job's own JSON goes beside bench.json too, but bench.json holds them all.
+    # Each job's own JSON lands in OUTDIR/jobs/; bench.json holds them all as well.
     quick = "--quick" in sys.argv
     outdir.mkdir(parents=True, exist_ok=True)
     device_line = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"],

@@ -193,7 +193,7 @@ def read_job_file(path: str | Path) -> dict[str, Any]:
     return doc
 
 
-def validate_job(doc: dict[str, Any], *, base_dir: Path | None = None) -> Job:
+def validate_job(doc: dict[str, Any]) -> Job:
     """Validate a job document (already read and overridden) into a :class:`Job`.
 
     Raises
@@ -218,7 +218,7 @@ def validate_job(doc: dict[str, Any], *, base_dir: Path | None = None) -> Job:
     if not isinstance(raw_params, dict):
         raise JobInputError("params: expected a mapping of the workload's parameters")
     try:
-        params = cls.Params.model_validate(raw_params, context={"base_dir": base_dir})
+        params = cls.Params.model_validate(raw_params)
     except ValidationError as e:
         raise JobInputError(_format_error(e, cls.Params, "params.")) from None
     doc["params"] = params
