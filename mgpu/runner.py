@@ -25,8 +25,8 @@ from .workloads.base import TileRecord, Workload
 
 __all__ = ["run_job", "run_plan"]
 
-# Tiles queued on each worker under dynamic placement: one running, one ready behind it.
-_DYNAMIC_DEPTH = 2
+# Tiles queued on each worker under dynamic placement, beyond those running at once.
+_DYNAMIC_AHEAD = 1
 
 
 class Events:
@@ -53,20 +53,23 @@ def _warmup(workload: Workload) -> None:
     workload.warmup(_device.current())
 
 
-def warm_up(client: Any, workload: Workload, workers: list[str]) -> None:
+def warm_up(client: Any, workload: Workload, workers: list[str], resources: dict[str, float] | None = None) -> None:
     """Run each worker's warm-up once before the timed tiles (compiles kernels, makes handles)."""
     futures = [client.submit(_warmup, workload, key=f"{workload.name}-warmup-{i}-{uuid.uuid4().hex[:6]}",
-                             workers=[w], allow_other_workers=False, pure=False) for i, w in enumerate(workers)]
+                             workers=[w], allow_other_workers=False, pure=False, resources=resources)
+               for i, w in enumerate(workers)]
     client.gather(futures)
 
 
 def run_plan(
-    client: Any, workload: Workload, plan: Plan, on_done: Callable[[TileRecord], None] = lambda r: None
+    client: Any, workload: Workload, plan: Plan, on_done: Callable[[TileRecord], None] = lambda r: None,
+    resources: dict[str, float] | None = None,
 ) -> list[TileRecord]:
     """Submit every tile where the plan places it and gather the records.
 
     Static tiles go to their worker; dynamic ones are fed to whichever worker has room,
-    ``_DYNAMIC_DEPTH`` at a time, so fast workers take more.
+    as many as run at once plus ``_DYNAMIC_AHEAD``, so fast workers take more.
+    ``resources`` is what each tile task asks of its worker (see ClusterInfo.tile_resources).
 
     Raises
     ------
@@ -79,7 +82,7 @@ def run_plan(
     def submit(tile: Tile, worker: str | None) -> Any:
         fut = client.submit(
             _run_tile, workload, tile, key=f"{prefix}-{tile.index}-{token}",
-            workers=[worker] if worker else None, allow_other_workers=False, pure=False,
+            workers=[worker] if worker else None, allow_other_workers=False, pure=False, resources=resources,
         )
         fut.mgpu_worker = worker
         return fut
@@ -91,7 +94,8 @@ def run_plan(
     else:
         pending.extend(plan.tiles)
         workers = list(client.scheduler_info(n_workers=-1)["workers"])
-        futures = [submit(pending.popleft(), w) for _ in range(_DYNAMIC_DEPTH) for w in workers if pending]
+        depth = workload.concurrency + _DYNAMIC_AHEAD
+        futures = [submit(pending.popleft(), w) for _ in range(depth) for w in workers if pending]
     stream = as_completed(futures)
     try:
         for fut in stream:
@@ -134,12 +138,14 @@ def run_job(job: Job, events: Events | None = None) -> Result:
         with open_cluster(resolved) as info:
             events.cluster_ready(info)
             ceilings = ceilings_for(info.client, info.devices)
-            plan = workload.plan(info.devices, info.budget(), tiling, spill=info.spills)
+            sharing = workload.concurrency if info.slots else 1  # tiles on one device at once
+            plan = workload.plan(info.devices, info.budget() // sharing, tiling, spill=info.spills)
             events.planned(plan)
             for sink in sinks:
                 sink.create()
-            warm_up(info.client, workload, list(info.devices))
-            records = run_plan(info.client, workload, plan, events.tile_done)
+            resources = info.tile_resources(workload.concurrency)
+            warm_up(info.client, workload, list(info.devices), resources)
+            records = run_plan(info.client, workload, plan, events.tile_done, resources)
             passed = all(r.verify_ok for r in records) if job.verify else None
             outputs: list[str] = []
             if passed is not False:

@@ -64,6 +64,8 @@ class Workload(ABC):
     unit_scale: ClassVar[float]  # work units per one unit of throughput numerator
     axes: ClassVar[tuple[str, ...]]
     verify_method: ClassVar[str]
+    # Tiles that may share one device at once (each gets 1/concurrency of the budget).
+    concurrency: ClassVar[int] = 1
 
     def __init__(self, params: BaseModel, *, verify: bool = True) -> None:
         self.params = params

@@ -71,6 +71,9 @@ class Mandelbrot(Workload):
     unit_scale = 1e9
     axes = ("rows",)
     verify_method = "cpu reference on sampled rows"
+    # Two bands per GPU at once: one band's CPU check runs while the other's kernel keeps
+    # the GPU busy (each thread has its own stream).
+    concurrency = 2
 
     def prepare(self, *, force: bool) -> None:
         p = self.params
