@@ -173,7 +173,8 @@ def info(as_json: bool, calibrate: bool) -> None:
             f"{k} {v:.4g} {_CEILING_UNITS[k.split('_')[0]]}" for k, v in sorted(rates.items())))
 
 
-_CEILING_UNITS = {"gemm": "TFLOP/s", "copy": "GB/s", "mandelbrot": "Giter/s"}
+_CEILING_UNITS = {"gemm": "TFLOP/s", "copy": "GB/s", "mandelbrot": "Giter/s", "h2d": "GB/s", "d2h": "GB/s",
+                  "peer": "GB/s"}
 
 
 def _calibrate() -> dict[str, dict[str, float]]:

@@ -83,6 +83,16 @@ class Device:
         return stream
 
     @property
+    def copy_stream(self) -> Any:
+        """This thread's second stream, for copies that overlap its compute (None on a CPU)."""
+        if self.new_stream is None:
+            return None
+        stream = getattr(self._local, "copy_stream", None)
+        if stream is None:
+            stream = self._local.copy_stream = self.new_stream()
+        return stream
+
+    @property
     def bytes_h2d(self) -> int:
         """Bytes this thread copied host to device so far."""
         return getattr(self._local, "h2d", 0)

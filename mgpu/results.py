@@ -44,6 +44,7 @@ class DeviceRow(BaseModel):
     bytes_h2d: int = 0
     bytes_d2h: int = 0
     bytes_d2d: int = 0
+    d2d_gbps: float | None = None  # rate of the peer copies alone (they overlap compute)
     peak_memory: int = 0
 
 
@@ -118,6 +119,8 @@ def build_result(
                 span_s=max(r.stop for r in recs) - min(r.start for r in recs),
                 bytes_h2d=sum(r.bytes_h2d for r in recs),
                 bytes_d2h=sum(r.bytes_d2h for r in recs),
+                bytes_d2d=sum(r.bytes_d2d for r in recs),
+                d2d_gbps=_rate(sum(r.bytes_d2d for r in recs), sum(r.d2d_s for r in recs)),
             )
         )
     rows.sort(key=lambda d: (d.host, d.id))
@@ -154,6 +157,10 @@ def build_result(
               "working_set": plan.working_set, "budget": plan.budget},
         env=runtime_env(info),
     )
+
+
+def _rate(nbytes: int, seconds: float) -> float | None:
+    return nbytes / seconds / 1e9 if nbytes and seconds > 0 else None
 
 
 def _roofline(throughput: Throughput, key: str, ceilings: dict[str, dict[str, float]]) -> Roofline | None:
@@ -201,8 +208,10 @@ def print_result(result: Result, console: Console) -> None:
     for path in result.outputs:
         table.add_row("output", path)
     console.print(table)
-    devices = Table("device", "name", "tiles", "busy s", "span s", "H2D", "D2H", title_justify="left")
+    devices = Table("device", "name", "tiles", "busy s", "span s", "H2D", "D2H", "from peers",
+                    title_justify="left")
     for d in result.per_device:
+        peer = format_bytes(d.bytes_d2d) + (f" at {d.d2d_gbps:.0f} GB/s" if d.d2d_gbps else "")
         devices.add_row(f"{d.host}:{d.id}", d.name, str(d.tiles), f"{d.busy_s:.3f}", f"{d.span_s:.3f}",
-                        format_bytes(d.bytes_h2d), format_bytes(d.bytes_d2h))
+                        format_bytes(d.bytes_h2d), format_bytes(d.bytes_d2h), peer)
     console.print(devices)

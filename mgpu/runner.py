@@ -16,7 +16,9 @@ from distributed import as_completed
 from . import device as _device
 from .cluster import ClusterInfo, open_cluster, resolve_cluster
 from .errors import JobFailed
-from .planner import Plan, Tile, check_tiling_keys
+from .panels import PanelRef
+from .panels import release as release_panels
+from .planner import Panel, Plan, Tile, check_tiling_keys
 from .results import Result, build_result
 from .roofline import ceilings_for
 from .spec import Job
@@ -39,10 +41,14 @@ class Events:
     def tile_done(self, record: TileRecord) -> None: ...
 
 
-def _run_tile(workload: Workload, tile: Tile) -> TileRecord:
+def _make_panel(workload: Workload, panel: Panel, token: str) -> PanelRef:
+    return workload.make_panel(_device.current(), panel, token)
+
+
+def _run_tile(workload: Workload, tile: Tile, panels: dict[str, PanelRef] | None = None) -> TileRecord:
     dev = _device.current()
     h2d, d2h, (events, spilled) = dev.bytes_h2d, dev.bytes_d2h, dev.spill_counts()
-    record = workload.run_tile(dev, tile)
+    record = workload.run_tile(dev, tile, panels) if panels else workload.run_tile(dev, tile)
     record.bytes_h2d, record.bytes_d2h = dev.bytes_h2d - h2d, dev.bytes_d2h - d2h
     now_events, now_spilled = dev.spill_counts()
     record.spill_events, record.spill_bytes = now_events - events, now_spilled - spilled
@@ -78,10 +84,17 @@ def run_plan(
     """
     token = uuid.uuid4().hex[:6]
     prefix = f"{workload.name}-tile"
+    # Panels first, each on its worker; a tile waits for the panels it reads.
+    panel_futures = {
+        p.name: client.submit(_make_panel, workload, p, token, key=f"{workload.name}-panel-{p.name}-{token}",
+                              workers=[p.worker], allow_other_workers=False, pure=False, resources=resources)
+        for p in plan.panels
+    }
 
     def submit(tile: Tile, worker: str | None) -> Any:
+        needs = {name: panel_futures[name] for name in tile.needs}
         fut = client.submit(
-            _run_tile, workload, tile, key=f"{prefix}-{tile.index}-{token}",
+            _run_tile, workload, tile, needs or None, key=f"{prefix}-{tile.index}-{token}",
             workers=[worker] if worker else None, allow_other_workers=False, pure=False, resources=resources,
         )
         fut.mgpu_worker = worker
@@ -110,6 +123,9 @@ def run_plan(
     finally:
         client.cancel([f for f in futures if not f.done()])
         stream.clear()
+        if panel_futures:
+            client.cancel(list(panel_futures.values()))
+            client.run(release_panels, token)  # every tile has ended: no peer still reads them
     return records
 
 

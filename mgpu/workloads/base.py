@@ -32,6 +32,8 @@ class TileRecord:
     work: float  # flops, bytes or iterations this tile did
     bytes_h2d: int = 0
     bytes_d2h: int = 0
+    bytes_d2d: int = 0  # received from another GPU, peer to peer
+    d2d_s: float = 0.0  # device time of those copies
     value: float | None = None
     spill_events: int = 0
     spill_bytes: int = 0
@@ -103,8 +105,15 @@ class Workload(ABC):
         handles so the first real tile is not charged for it."""
 
     @abstractmethod
-    def run_tile(self, dev: Device, tile: Tile) -> TileRecord:
-        """Compute, check and write one tile on this worker's device."""
+    def run_tile(self, dev: Device, tile: Tile, panels: dict[str, Any] | None = None) -> TileRecord:
+        """Compute, check and write one tile on this worker's device.
+
+        ``panels`` maps the names in ``tile.needs`` to :class:`~mgpu.panels.PanelRef`.
+        """
+
+    def make_panel(self, dev: Device, panel: Any, token: str) -> Any:
+        """Make ``panel`` (a :class:`~mgpu.planner.Panel` the plan named) on this worker."""
+        raise NotImplementedError(f"{self.name} plans no panels")
 
     # -- helpers -------------------------------------------------------------------
     @staticmethod
