@@ -37,7 +37,12 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-@pytest.mark.parametrize("rows,cols,total", [((0, 1), (0, 1), 1), ((3, 17), (5, 1000), 1013), ((100, 613), (0, 997), 997)])
+@pytest.mark.parametrize("rows,cols,total", [
+    ((0, 1), (0, 1), 1),
+    ((3, 17), (5, 1000), 1013),  # a block inside the operand: the 32-bit division path
+    ((100, 613), (0, 997), 997),  # full width: no division
+    ((4, 5), (7, 70_000), 80_000),  # one row of the operand
+])
 def test_random_block_is_bit_identical_on_gpu(dtype, rows, cols, total):
     kw = dict(seed=7, operand=1, rows=rows, cols=cols, total_cols=total, dtype=dtype)
     cpu = kernels.random_block(np, **kw)
@@ -66,6 +71,32 @@ def test_dot_kernel_accumulates_in_float64(dtype, n, offset):
     got = kernels.dot_f64(cupy, cupy.asarray(x)[offset:], cupy.asarray(y)[offset:])
     scale = float(np.abs(x[offset:].astype(np.float64) * y[offset:]).sum())
     assert abs(got - want) <= 1e-13 * scale
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (5, 4099), (3001, 517), (64, 1 << 17)])
+def test_matvec_f64_kernel_matches_numpy(dtype, rows, cols):
+    rng = np.random.default_rng(rows * cols)
+    m = rng.standard_normal((rows, cols)).astype(dtype)
+    v = rng.standard_normal(cols)
+    want = m.astype(np.float64) @ v
+    got = cupy.asnumpy(kernels.matvec_f64(cupy, cupy.asarray(m), cupy.asarray(v)))
+    scale = np.abs(m.astype(np.float64)) @ np.abs(v)
+    assert (np.abs(got - want) <= 1e-13 * scale + 1e-300).all()
+    # A strided view is read correctly too (made contiguous first).
+    view = cupy.asarray(m)[:, ::2]
+    got = cupy.asnumpy(kernels.matvec_f64(cupy, view, cupy.asarray(v[::2])))
+    np.testing.assert_allclose(got, m[:, ::2].astype(np.float64) @ v[::2], rtol=1e-12, atol=1e-12 * scale.max())
+
+
+@pytest.mark.parametrize("n", [1, 1000, 10_000_019])
+def test_dot_check_sums_products_and_their_magnitudes(n):
+    rng = np.random.default_rng(n)
+    x, y = rng.standard_normal(n).astype("float32"), rng.standard_normal(n).astype("float32")
+    p = x.astype(np.float64) * y.astype(np.float64)
+    s, a = kernels.dot_check(cupy, cupy.asarray(x), cupy.asarray(y))
+    assert abs(s - p.sum()) <= 1e-13 * np.abs(p).sum()
+    assert a == pytest.approx(np.abs(p).sum(), rel=1e-13)
 
 
 def _job(workload: str, params: dict, **cluster) -> dict:
@@ -129,6 +160,33 @@ def test_tiles_spread_over_both_gpus():
     result = run_job(validate_job(_job("matmul", {"m": 4096, "n": 4096, "k": 1024}, devices=[0, 1])))
     assert sorted(d.id for d in result.per_device) == [0, 1]
     assert all(d.tiles >= 1 and d.busy_s > 0 for d in result.per_device)
+
+
+@multi_gpu(2)
+@pytest.mark.parametrize("allocator", ["pool", "async"])
+def test_distributed_operands_move_between_gpus_over_nvlink(tmp_path, allocator):
+    m, n, k = 3000, 2050, 9000  # k spans several peer blocks
+    out = tmp_path / "c.npy"
+    params = {"m": m, "n": n, "k": k, "dtype": "float32", "seed": 4, "operands": "distributed", "output": str(out)}
+    result = run_job(validate_job(_job("matmul", params, devices=[0, 1], allocator=allocator)))
+    assert result.status == "ok" and result.verify.passed
+    assert sorted(d.tiles for d in result.per_device) == [2, 2]
+    # Each GPU read the other's B panel once, peer to peer, and timed it.
+    for d in result.per_device:
+        assert d.bytes_d2d == k * (n // 2) * 4
+        assert d.d2d_gbps and d.d2d_gbps > 0
+    a = kernels.random_block(np, seed=4, operand=0, rows=(0, m), cols=(0, k), total_cols=k, dtype="float32")
+    b = kernels.random_block(np, seed=4, operand=1, rows=(0, k), cols=(0, n), total_cols=n, dtype="float32")
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.abs(np.load(out) - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+@multi_gpu(2)
+def test_a_corrupted_peer_tile_is_caught(monkeypatch):
+    monkeypatch.setenv("DASK_MGPU__TESTING__CORRUPT_TILE", "1")  # tile 1: GPU 0's peer-fed tile
+    params = {"m": 2048, "n": 2048, "k": 5000, "operands": "distributed"}
+    result = run_job(validate_job(_job("matmul", params, devices=[0, 1])))
+    assert result.status == "failed" and result.verify.failed_tiles == [1]
 
 
 @pytest.mark.parametrize("allocator", ["pool", "async"])
