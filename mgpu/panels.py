@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PanelRef", "copy_rows", "publish", "release", "resident"]
+__all__ = ["PanelRef", "RemotePanel", "copy_rows", "enable_all_peers", "peer_ordinal", "publish", "release", "resident"]
 
 _STORE: dict[str, dict[str, Any]] = {}  # job token -> panel name -> array
 _LOCK = threading.Lock()
@@ -94,6 +94,17 @@ def peer_ordinal(ref: PanelRef) -> int | None:
         if _uuid(ordinal) == ref.gpu_uuid:
             return ordinal if cupy.cuda.runtime.deviceCanAccessPeer(0, ordinal) else None
     return None
+
+
+def enable_all_peers() -> None:
+    """Enable peer access from this process's device 0 to every GPU it can reach."""
+    import cupy
+
+    from .roofline import _enable_peer_access
+
+    for ordinal in range(1, cupy.cuda.runtime.getDeviceCount()):
+        if cupy.cuda.runtime.deviceCanAccessPeer(0, ordinal):
+            _enable_peer_access(ordinal)
 
 
 class RemotePanel:

@@ -134,6 +134,23 @@ def test_tf32_is_really_used(tmp_path):
     assert tf32.verify.max_rel_error > 50 * exact.verify.max_rel_error
 
 
+def test_tf32_reaches_the_gemm_that_accumulates_k_blocks():
+    from mgpu.plugins import _cuda_device
+    from mgpu.workloads.matmul import _gemm_accumulate, _tf32
+
+    dev = _cuda_device()
+    a = kernels.random_block(cupy, seed=1, operand=0, rows=(0, 1024), cols=(0, 1024), total_cols=1024, dtype="float32")
+    b = kernels.random_block(cupy, seed=1, operand=1, rows=(0, 1024), cols=(0, 1024), total_cols=1024, dtype="float32")
+    ref = cupy.asnumpy(a).astype(np.float64) @ cupy.asnumpy(b).astype(np.float64)
+    errors = {}
+    for tf32 in (False, True):
+        c = cupy.zeros((1024, 1024), dtype=cupy.float32)  # given c, the product goes through cublas gemm
+        with _tf32(dev, tf32):
+            c = _gemm_accumulate(cupy, a, b, c)
+        errors[tf32] = np.abs(cupy.asnumpy(c) - ref).max() / np.abs(ref).max()
+    assert errors[True] > 50 * errors[False]
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_dot_on_cuda_cluster(dtype):
     n = 10_000_019

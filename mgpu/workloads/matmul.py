@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..device import Device, DeviceFacts
 from ..errors import JobInputError
-from ..panels import PanelRef, RemotePanel, copy_rows, peer_ordinal, publish, resident
+from ..panels import PanelRef, RemotePanel, copy_rows, enable_all_peers, peer_ordinal, publish, resident
 from ..planner import Panel, Plan, Tile, assign_contiguous, choose_matmul_tiles, matmul_working_set, split, split_by_size
 from ..sizes import format_bytes
 from ..sources import input_files, NpySink, NpySource, RandomSource, check_output_path, inspect_npy
@@ -79,18 +79,27 @@ class MatmulParams(BaseModel):
 
 @contextlib.contextmanager
 def _tf32(dev: Device, enabled: bool) -> Iterator[None]:
-    """Let cuBLAS use TF32 tensor cores for float32 inside the block (what CUPY_TF32=1 does)."""
+    """Let cuBLAS use TF32 tensor cores for float32 inside the block.
+
+    Two switches: CuPy's compute type (what CUPY_TF32=1 sets) for ``matmul``, and the
+    cuBLAS handle's math mode for the ``gemm`` calls that accumulate k blocks.
+    """
     if not (enabled and dev.is_gpu):
         yield
         return
+    import cupy
     from cupy._core import _routines_linalg as linalg
+    from cupy_backends.cuda.libs import cublas
 
-    previous = linalg.get_compute_type(np.float32)
+    handle = cupy.cuda.device.get_cublas_handle()
+    previous = linalg.get_compute_type(np.float32), cublas.getMathMode(handle)
     linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
+    cublas.setMathMode(handle, cublas.CUBLAS_TF32_TENSOR_OP_MATH)
     try:
         yield
     finally:
-        linalg.set_compute_type(np.float32, previous)
+        linalg.set_compute_type(np.float32, previous[0])
+        cublas.setMathMode(handle, previous[1])
 
 
 class Matmul(Workload):
@@ -331,6 +340,8 @@ class Matmul(Workload):
                                            "operands": "per-tile"})
         small = Matmul(p, verify=True)
         small.run_tile(dev, Tile(-1, {"m": (0, m), "n": (0, n)}))
+        if self.params.operands == "distributed" and dev.is_gpu:
+            enable_all_peers()  # the first enable costs tens of ms; not a tile's to pay
 
     def tolerance(self) -> float:
         """How far C·r may be from A·(B·r), relative to max|A·(B·r)|.
