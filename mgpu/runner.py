@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from distributed import as_completed
@@ -161,7 +162,11 @@ def run_job(job: Job, events: Events | None = None) -> Result:
                 sink.create()
             resources = info.tile_resources(workload.concurrency)
             warm_up(info.client, workload, list(info.devices), resources)
-            records = run_plan(info.client, workload, plan, events.tile_done, resources)
+            with ThreadPoolExecutor(1, thread_name_prefix="mgpu-reference") as pool:
+                reference = pool.submit(workload.reference, plan) if job.verify else None
+                records = run_plan(info.client, workload, plan, events.tile_done, resources)
+                if reference is not None:
+                    workload.judge(records, reference.result())
             passed = all(r.verify_ok for r in records) if job.verify else None
             outputs: list[str] = []
             if passed is not False:

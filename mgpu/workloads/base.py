@@ -95,6 +95,17 @@ class Workload(ABC):
         """The job's scalar answer from the tiles' records, where it has one."""
         return None
 
+    def reference(self, plan: Plan) -> Any:
+        """Check data made apart from the tiles, or None (the default: tiles check themselves).
+
+        Runs in a thread of the client while the tiles run, so a check that costs CPU time
+        (Mandelbrot's reference counts) never holds a GPU back.
+        """
+        return None
+
+    def judge(self, records: list[TileRecord], reference: Any) -> None:
+        """Complete the records' checks against ``reference``, once every tile has ended."""
+
     def finish(self, client: Any) -> list[str]:
         """Work after every tile passed (a worker renders a PNG, say); returns extra outputs."""
         return []
