@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from distributed import as_completed
 
+from . import alloc_stats
 from . import device as _device
 from .cluster import ClusterInfo, open_cluster, resolve_cluster
 from .errors import JobFailed
@@ -138,6 +139,7 @@ def run_job(job: Job, events: Events | None = None) -> Result:
             events.planned(plan)
             for sink in sinks:
                 sink.create()
+            alloc_stats.begin_job(info.client, list(info.devices))
             warm_up(info.client, workload, list(info.devices))
             records = run_plan(info.client, workload, plan, events.tile_done)
             passed = all(r.verify_ok for r in records) if job.verify else None
@@ -147,9 +149,10 @@ def run_job(job: Job, events: Events | None = None) -> Result:
                 for sink in sinks:
                     sink.commit()
                 outputs = [s.path for s in sinks if s.keep] + outputs
+            allocators = alloc_stats.end_job(info.client, list(info.devices))
             wall = time.perf_counter() - t0
             return build_result(job, workload, info, plan, records, wall_s=wall, outputs=outputs,
-                                ceilings=ceilings)
+                                ceilings=ceilings, allocators=allocators)
     finally:
         for sink in sinks:
             sink.discard()

@@ -152,3 +152,50 @@ def test_within_budget_nothing_spills():
     result = run_job(validate_job(_job("matmul", {"m": 2048, "n": 2048, "k": 2048}, devices=[0],
                                        memory_limit="4GB", spill="managed")))
     assert result.verify.passed and result.spill.events == 0 and result.spill.bytes == 0
+
+
+# -- allocator statistics ----------------------------------------------------------------
+
+
+def test_pool_statistics_cover_the_job_within_the_budget():
+    params = {"m": 4096, "n": 4096, "k": 4096, "dtype": "float32", "seed": 4}
+    result = run_job(validate_job(_job("matmul", params, devices=[0], allocator="pool", memory_limit="2GB")))
+    assert result.status == "ok" and result.verify.passed
+    (row,) = result.per_device
+    a = row.allocator
+    budget = result.plan["budget"]
+    assert a is not None and a.kind == "pool"
+    # dask-cuda made the pool of the budget (aligned to 256 bytes), and it did not grow.
+    assert abs(a.pool_size - budget) <= 256
+    # A tile holds its A and B blocks and its C tile at once: the peak is at least that.
+    t = result.plan["tile_shape"]
+    held = 4 * (t["m"] * t["k"] + t["k"] * t["n"] + t["m"] * t["n"])
+    assert held <= a.peak_bytes <= budget
+    assert row.peak_memory == a.peak_bytes
+    assert a.total_count > 0 and a.peak_count >= 3 and a.total_bytes >= held
+
+
+def test_async_statistics_say_async_and_count_allocations():
+    result = run_job(validate_job(_job("matmul", {"m": 2048, "n": 2048, "k": 2048}, devices=[0], allocator="async")))
+    (row,) = result.per_device
+    assert row.allocator.kind == "async" and row.allocator.pool_size is None
+    assert row.allocator.total_count > 0 and row.allocator.peak_bytes >= 3 * 4 * 2048 * 2048
+
+
+def test_statistics_see_spilled_allocations_too():
+    # As in the spill test above: a 1 GB cap, a tile of ~1.8 GB; the adaptor sits above the fallback.
+    params = {"m": 12288, "n": 12288, "k": 12288, "dtype": "float32", "seed": 2}
+    doc = _job("matmul", params, devices=[0], allocator="pool", memory_limit="1GB", spill="managed")
+    doc["tiling"] = {"m": 12288, "n": 12288, "k": 12288}
+    result = run_job(validate_job(doc))
+    (row,) = result.per_device
+    assert result.spill.events >= 1
+    assert row.allocator.kind == "pool" and row.allocator.peak_bytes > result.plan["budget"]
+
+
+def test_default_allocator_reports_cupys_pool_and_no_counts():
+    result = run_job(validate_job(_job("matmul", {"m": 1024, "n": 1024, "k": 1024}, devices=[0],
+                                       allocator="default")))
+    (row,) = result.per_device
+    assert row.allocator.kind == "default" and row.allocator.pool_size > 0
+    assert row.allocator.peak_bytes is None and row.allocator.total_count is None
