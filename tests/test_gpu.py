@@ -199,3 +199,32 @@ def test_default_allocator_reports_cupys_pool_and_no_counts():
     (row,) = result.per_device
     assert row.allocator.kind == "default" and row.allocator.pool_size > 0
     assert row.allocator.peak_bytes is None and row.allocator.total_count is None
+
+
+# -- mgpu bench alloc ----------------------------------------------------------------------
+
+
+def test_bench_alloc_reports_every_allocator_and_the_fallback_path_falls_back(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "alloc.json"
+    proc = subprocess.run([sys.executable, "-m", "mgpu", "bench", "alloc", "--sizes", "1MiB,64MiB",
+                           "--iterations", "5", "--repeats", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    from mgpu.bench_alloc import ALLOCATORS
+
+    assert data["managed_limit"] <= data["device"]["free"] // 16
+    rows = {(r["allocator"], r["size"]): r for r in data["rows"]}
+    assert set(rows) == {(a, s) for a in ALLOCATORS for s in (1 << 20, 64 << 20)}
+    for r in rows.values():
+        assert r["skipped"] is None and len(r["samples_us"]) == 2 and r["us"] > 0 and r["vs_cudamalloc"] > 0
+    for size in (1 << 20, 64 << 20):
+        # The capped pool refused every buffer, and managed memory took each one.
+        assert rows[("fallback-spill", size)]["fallback_events"] == (2 + 1) * 5
+        assert rows[("fallback", size)]["fallback_events"] == 0
+    assert set(data["fallback_overhead_us"]) == {str(1 << 20), str(64 << 20)}
+    assert "cudaMalloc" in proc.stdout and "spill fallback wrapper" in proc.stdout
