@@ -157,6 +157,39 @@ def test_within_budget_nothing_spills():
 # -- allocator statistics ----------------------------------------------------------------
 
 
+def test_cupy_allocations_reach_the_statistics_adaptor():
+    # In this process, the way dask-cuda sets a worker up: an RMM pool, CuPy on RMM; then mgpu's plugin.
+    import rmm
+    from rmm.allocators.cupy import rmm_cupy_allocator
+
+    from mgpu import device as _device
+    from mgpu.alloc_stats import AllocatorStats
+
+    old_mr, old_alloc, old_dev = rmm.mr.get_current_device_resource(), cupy.cuda.get_allocator(), _device._CURRENT
+    try:
+        rmm.mr.set_current_device_resource(rmm.mr.PoolMemoryResource(
+            rmm.mr.CudaMemoryResource(), initial_pool_size=256 << 20, maximum_pool_size=256 << 20))
+        cupy.cuda.set_allocator(rmm_cupy_allocator)
+        facts = _device.DeviceFacts("cuda", 0, "gpu", 1 << 30, 1 << 30, "host")
+        dev = _device.Device("cuda", cupy, facts)
+        _device.install(dev)
+        AllocatorStats().setup()
+        assert isinstance(rmm.mr.get_current_device_resource(), rmm.mr.StatisticsResourceAdaptor)
+        tracker = dev.extra["allocator"]
+        tracker.begin()
+        x = cupy.zeros(1 << 20, dtype=cupy.uint8)
+        y = cupy.ones(2 << 20, dtype=cupy.uint8)
+        del x, y
+        got = tracker.end()
+        assert got["kind"] == "pool" and got["pool_size"] == 256 << 20
+        assert got["total_count"] >= 2 and got["peak_bytes"] >= 3 << 20 and got["peak_count"] >= 2
+        assert got["current_bytes"] < 1 << 20  # both freed
+    finally:
+        cupy.cuda.set_allocator(old_alloc)
+        rmm.mr.set_current_device_resource(old_mr)
+        _device._CURRENT = old_dev
+
+
 def test_pool_statistics_cover_the_job_within_the_budget():
     params = {"m": 4096, "n": 4096, "k": 4096, "dtype": "float32", "seed": 4}
     result = run_job(validate_job(_job("matmul", params, devices=[0], allocator="pool", memory_limit="2GB")))
@@ -209,10 +242,12 @@ def test_bench_alloc_reports_every_allocator_and_the_fallback_path_falls_back(tm
     import subprocess
     import sys
 
+    from pathlib import Path
+
     out = tmp_path / "alloc.json"
     proc = subprocess.run([sys.executable, "-m", "mgpu", "bench", "alloc", "--sizes", "1MiB,64MiB",
                            "--iterations", "5", "--repeats", "2", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
     from mgpu.bench_alloc import ALLOCATORS
