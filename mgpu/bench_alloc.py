@@ -46,7 +46,7 @@ def managed_limit(free: int) -> int:
     return min(MANAGED_CAP, free // MANAGED_SHARE)
 
 
-# name -> (what it is, uses managed memory, factory(size) -> (resource, fallback or None))
+# size -> (the RMM resource to time, the ManagedFallback inside it or None)
 Factory = Callable[[int], tuple[Any, Any]]
 
 
@@ -94,6 +94,7 @@ def _fallback_spill(size: int) -> tuple[Any, Any]:
     return fallback.resource, fallback
 
 
+# name -> (what it is, whether it asks for managed memory, its factory); cudaMalloc first: the baseline
 ALLOCATORS: dict[str, tuple[str, bool, Factory]] = {
     "cudaMalloc": ("cudaMalloc/cudaFree (rmm.mr.CudaMemoryResource)", False, _cuda),
     "pool": ("RMM pool over cudaMalloc (PoolMemoryResource)", False, _pool),
