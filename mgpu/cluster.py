@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 from distributed import Client, LocalCluster
 
+from .alloc_stats import AllocatorStats
 from .device import DeviceFacts, visible_gpu_count
 from .errors import JobInputError
 from .plugins import DeviceSetup
@@ -209,6 +210,8 @@ def open_cluster(rc: ResolvedCluster) -> Iterator[ClusterInfo]:
             from .spill import SpillToManaged
 
             client.register_plugin(SpillToManaged())
+        # Last, so its statistics adaptor sits on top of whatever the plugins above installed.
+        client.register_plugin(AllocatorStats())
         facts = client.run(_describe)
         if not facts:
             raise JobInputError(f"cluster.scheduler: the scheduler at {rc.scheduler} has no workers")

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from distributed import as_completed
 
+from . import alloc_stats
 from . import device as _device
 from .cluster import ClusterInfo, open_cluster, resolve_cluster
 from .errors import JobFailed
@@ -161,6 +162,7 @@ def run_job(job: Job, events: Events | None = None) -> Result:
             for sink in sinks:
                 sink.create()
             resources = info.tile_resources(workload.concurrency)
+            alloc_stats.begin_job(info.client, list(info.devices))
             warm_up(info.client, workload, list(info.devices), resources)
             with ThreadPoolExecutor(1, thread_name_prefix="mgpu-reference") as pool:
                 reference = pool.submit(workload.reference, plan) if job.verify else None
@@ -174,9 +176,10 @@ def run_job(job: Job, events: Events | None = None) -> Result:
                 for sink in sinks:
                     sink.commit()
                 outputs = [s.path for s in sinks if s.keep] + outputs
+            allocators = alloc_stats.end_job(info.client, list(info.devices))
             wall = time.perf_counter() - t0
             return build_result(job, workload, info, plan, records, wall_s=wall, outputs=outputs,
-                                ceilings=ceilings)
+                                ceilings=ceilings, allocators=allocators)
     finally:
         for sink in sinks:
             sink.discard()

@@ -227,3 +227,114 @@ def test_within_budget_nothing_spills():
     result = run_job(validate_job(_job("matmul", {"m": 2048, "n": 2048, "k": 2048}, devices=[0],
                                        memory_limit="4GB", spill="managed")))
     assert result.verify.passed and result.spill.events == 0 and result.spill.bytes == 0
+
+
+# -- allocator statistics ----------------------------------------------------------------
+
+
+def test_cupy_allocations_reach_the_statistics_adaptor():
+    # In this process, the way dask-cuda sets a worker up: an RMM pool, CuPy on RMM; then mgpu's plugin.
+    import rmm
+    from rmm.allocators.cupy import rmm_cupy_allocator
+
+    from mgpu import device as _device
+    from mgpu.alloc_stats import AllocatorStats
+
+    old_mr, old_alloc, old_dev = rmm.mr.get_current_device_resource(), cupy.cuda.get_allocator(), _device._CURRENT
+    try:
+        rmm.mr.set_current_device_resource(rmm.mr.PoolMemoryResource(
+            rmm.mr.CudaMemoryResource(), initial_pool_size=256 << 20, maximum_pool_size=256 << 20))
+        cupy.cuda.set_allocator(rmm_cupy_allocator)
+        facts = _device.DeviceFacts("cuda", 0, "gpu", 1 << 30, 1 << 30, "host")
+        dev = _device.Device("cuda", cupy, facts)
+        _device.install(dev)
+        AllocatorStats().setup()
+        assert isinstance(rmm.mr.get_current_device_resource(), rmm.mr.StatisticsResourceAdaptor)
+        tracker = dev.extra["allocator"]
+        tracker.begin()
+        x = cupy.zeros(1 << 20, dtype=cupy.uint8)
+        y = cupy.ones(2 << 20, dtype=cupy.uint8)
+        del x, y
+        got = tracker.end()
+        assert got["kind"] == "pool" and got["pool_size"] == 256 << 20
+        assert got["total_count"] >= 2 and got["peak_bytes"] >= 3 << 20 and got["peak_count"] >= 2
+        assert got["current_bytes"] < 1 << 20  # both freed
+    finally:
+        cupy.cuda.set_allocator(old_alloc)
+        rmm.mr.set_current_device_resource(old_mr)
+        _device._CURRENT = old_dev
+
+
+def test_pool_statistics_cover_the_job_within_the_budget():
+    params = {"m": 4096, "n": 4096, "k": 4096, "dtype": "float32", "seed": 4}
+    result = run_job(validate_job(_job("matmul", params, devices=[0], allocator="pool", memory_limit="2GB")))
+    assert result.status == "ok" and result.verify.passed
+    (row,) = result.per_device
+    a = row.allocator
+    budget = result.plan["budget"]
+    assert a is not None and a.kind == "pool"
+    # dask-cuda made the pool of the budget (aligned to 256 bytes), and it did not grow.
+    assert abs(a.pool_size - budget) <= 256
+    # A tile holds its A and B blocks and its C tile at once: the peak is at least that.
+    t = result.plan["tile_shape"]
+    held = 4 * (t["m"] * t["k"] + t["k"] * t["n"] + t["m"] * t["n"])
+    assert held <= a.peak_bytes <= budget
+    assert row.peak_memory == a.peak_bytes
+    assert a.total_count > 0 and a.peak_count >= 3 and a.total_bytes >= held
+
+
+def test_async_statistics_say_async_and_count_allocations():
+    result = run_job(validate_job(_job("matmul", {"m": 2048, "n": 2048, "k": 2048}, devices=[0], allocator="async")))
+    (row,) = result.per_device
+    assert row.allocator.kind == "async" and row.allocator.pool_size is None
+    assert row.allocator.total_count > 0 and row.allocator.peak_bytes >= 3 * 4 * 2048 * 2048
+
+
+def test_statistics_see_spilled_allocations_too():
+    # As in the spill test above: a 1 GB cap, a tile of ~1.8 GB; the adaptor sits above the fallback.
+    params = {"m": 12288, "n": 12288, "k": 12288, "dtype": "float32", "seed": 2}
+    doc = _job("matmul", params, devices=[0], allocator="pool", memory_limit="1GB", spill="managed")
+    doc["tiling"] = {"m": 12288, "n": 12288, "k": 12288}
+    result = run_job(validate_job(doc))
+    (row,) = result.per_device
+    assert result.spill.events >= 1
+    assert row.allocator.kind == "pool" and row.allocator.peak_bytes > result.plan["budget"]
+
+
+def test_default_allocator_reports_cupys_pool_and_no_counts():
+    result = run_job(validate_job(_job("matmul", {"m": 1024, "n": 1024, "k": 1024}, devices=[0],
+                                       allocator="default")))
+    (row,) = result.per_device
+    assert row.allocator.kind == "default" and row.allocator.pool_size > 0
+    assert row.allocator.peak_bytes is None and row.allocator.total_count is None
+
+
+# -- mgpu bench alloc ----------------------------------------------------------------------
+
+
+def test_bench_alloc_reports_every_allocator_and_the_fallback_path_falls_back(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from pathlib import Path
+
+    out = tmp_path / "alloc.json"
+    proc = subprocess.run([sys.executable, "-m", "mgpu", "bench", "alloc", "--sizes", "1MiB,64MiB",
+                           "--iterations", "5", "--repeats", "2", "--json", str(out)],
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    from mgpu.bench_alloc import ALLOCATORS
+
+    assert data["managed_limit"] <= data["device"]["free"] // 16
+    rows = {(r["allocator"], r["size"]): r for r in data["rows"]}
+    assert set(rows) == {(a, s) for a in ALLOCATORS for s in (1 << 20, 64 << 20)}
+    for r in rows.values():
+        assert r["skipped"] is None and len(r["samples_us"]) == 2 and r["us"] > 0 and r["vs_cudamalloc"] > 0
+    for size in (1 << 20, 64 << 20):
+        # The capped pool refused every buffer, and managed memory took each one.
+        assert rows[("fallback-spill", size)]["fallback_events"] == (2 + 1) * 5
+        assert rows[("fallback", size)]["fallback_events"] == 0
+    assert set(data["fallback_overhead_us"]) == {str(1 << 20), str(64 << 20)}
+    assert "cudaMalloc" in proc.stdout and "spill fallback wrapper" in proc.stdout

@@ -30,6 +30,9 @@ def _submit(tmp_path: Path, scheduler: str, doc: dict[str, Any], *extra: Any) ->
     assert sum(d["tiles"] for d in data["per_device"]) == data["plan"]["tiles"]
     assert {d["id"] for d in data["per_device"]} <= {d["id"] for d in data["devices"]}
     assert len(data["devices"]) == 2
+    # CPU workers measure no allocator: each row says numpy, with null figures, not zeros.
+    assert all(d["allocator"]["kind"] == "numpy" and d["allocator"]["peak_bytes"] is None
+               and d["allocator"]["total_count"] is None for d in data["per_device"])
     if data["plan"]["tiles"] >= 2:  # static runs split evenly; dynamic runs seed every worker
         assert sorted(d["id"] for d in data["per_device"]) == [0, 1]
         assert all(d["tiles"] >= 1 for d in data["per_device"])
