@@ -169,7 +169,8 @@ def _cupy_uses_rmm() -> bool:
     import cupy
 
     allocator = cupy.cuda.get_allocator()
-    return getattr(allocator, "__module__", "").startswith("rmm")
+    # CuPy's own allocator is a bound method of a Cython class: its __module__ is None.
+    return (getattr(allocator, "__module__", None) or "").startswith("rmm")
 
 
 class AllocatorStats(WorkerPlugin):

@@ -22,6 +22,8 @@ from .checks import relative_residual, unit_roundoff
 __all__ = ["Matmul", "MatmulParams"]
 
 _WARMUP_SIDE = 4096
+# cublasMath_t's value (cuBLAS 11+); CuPy's cublas module does not name it.
+_CUBLAS_TF32_TENSOR_OP_MATH = 3
 # Rows of a peer's B panel per copy: small enough to start computing soon, large enough
 # that each gemm stays efficient.
 _PEER_BLOCK = 4096
@@ -94,7 +96,7 @@ def _tf32(dev: Device, enabled: bool) -> Iterator[None]:
     handle = cupy.cuda.device.get_cublas_handle()
     previous = linalg.get_compute_type(np.float32), cublas.getMathMode(handle)
     linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
-    cublas.setMathMode(handle, cublas.CUBLAS_TF32_TENSOR_OP_MATH)
+    cublas.setMathMode(handle, _CUBLAS_TF32_TENSOR_OP_MATH)
     try:
         yield
     finally:
