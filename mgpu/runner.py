@@ -9,8 +9,10 @@ from __future__ import annotations
 import time
 import uuid
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+import contextlib
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Callable, Iterator
 
 from distributed import as_completed
 
@@ -29,8 +31,9 @@ from .workloads.base import TileRecord, Workload
 
 __all__ = ["run_job", "run_plan"]
 
-# Tiles queued on each worker under dynamic placement, beyond those running at once.
-_DYNAMIC_AHEAD = 1
+# Tiles queued on each worker under dynamic placement, beyond those running at once: two,
+# so a worker never waits for the client's round trip between short tiles.
+_DYNAMIC_AHEAD = 2
 
 
 class Events:
@@ -131,6 +134,20 @@ def run_plan(
     return records
 
 
+@contextlib.contextmanager
+def _reference_beside(workload: Workload, plan: Plan, verify: bool) -> Iterator[Any]:
+    """The workload's reference (see Workload.reference) computing beside the run, or None.
+
+    A process, not a thread: a NumPy loop in the client would hold the GIL that the
+    client's event loop needs to feed tiles to the workers.
+    """
+    if not (verify and type(workload).reference is not Workload.reference):
+        yield None
+        return
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield pool.submit(workload.reference, plan)
+
+
 def run_job(job: Job, events: Events | None = None) -> Result:
     """Run ``job`` to completion and return its :class:`~mgpu.results.Result`.
 
@@ -164,8 +181,7 @@ def run_job(job: Job, events: Events | None = None) -> Result:
             resources = info.tile_resources(workload.concurrency)
             alloc_stats.begin_job(info.client, list(info.devices))
             warm_up(info.client, workload, list(info.devices), resources)
-            with ThreadPoolExecutor(1, thread_name_prefix="mgpu-reference") as pool:
-                reference = pool.submit(workload.reference, plan) if job.verify else None
+            with _reference_beside(workload, plan, job.verify) as reference:
                 records = run_plan(info.client, workload, plan, events.tile_done, resources)
                 if reference is not None:
                     workload.judge(records, reference.result())

@@ -98,8 +98,8 @@ class Workload(ABC):
     def reference(self, plan: Plan) -> Any:
         """Check data made apart from the tiles, or None (the default: tiles check themselves).
 
-        Runs in a thread of the client while the tiles run, so a check that costs CPU time
-        (Mandelbrot's reference counts) never holds a GPU back.
+        Runs in a process beside the client while the tiles run, so a check that costs CPU
+        time (Mandelbrot's reference counts) never holds a GPU back.
         """
         return None
 

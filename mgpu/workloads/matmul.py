@@ -21,7 +21,10 @@ from .checks import relative_residual, unit_roundoff
 
 __all__ = ["Matmul", "MatmulParams"]
 
-_WARMUP_SIDE = 4096
+# The warm-up product keeps the tile's m and n (cuBLAS chooses its kernel mostly by them)
+# with a short k, so it costs a few ms; its C stays under this many bytes.
+_WARMUP_K = 1024
+_WARMUP_C_BYTES = 4 << 30
 # cublasMath_t's value (cuBLAS 11+); CuPy's cublas module does not name it.
 _CUBLAS_TF32_TENSOR_OP_MATH = 3
 # Rows of a peer's B panel per copy: small enough to start computing soon, large enough
@@ -335,9 +338,12 @@ class Matmul(Workload):
         return "gemm_tf32" if self.params.precision == "tf32" else f"gemm_{self.params.dtype}"
 
     def warmup(self, dev: Device) -> None:
-        # Near the real tile's shape, so cuBLAS picks (and loads) the kernel the tiles use;
-        # a tiny product would leave that load, up to a few hundred ms, to the first tile.
-        m, n, k = (min(s, _WARMUP_SIDE) for s in self.tile_shape)
+        # The tile's own m and n, so cuBLAS picks (and loads) the kernel the tiles use; a
+        # smaller product may pick another, leaving that load, up to ~150 ms, to the first tile.
+        m, n, k = self.tile_shape
+        k = min(k, _WARMUP_K)
+        while m * n * np.dtype(self.params.dtype).itemsize > _WARMUP_C_BYTES:
+            m, n = max(1, m // 2), max(1, n // 2)
         p = self.params.model_copy(update={"m": m, "n": n, "k": k, "input": "random", "output": None,
                                            "operands": "per-tile"})
         small = Matmul(p, verify=True)
