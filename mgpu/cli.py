@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,9 @@ class _Reporter(Events):
         self.show_progress = show_progress
         self.progress: Progress | None = None
         self.task: Any = None
+        self.keep_open = False  # submit --keep-open: wait in finished() until Ctrl-C
+        self.result_shown = False
+        self.started = 0.0
 
     def cluster_ready(self, info: Any) -> None:
         n = len(info.devices)
@@ -45,22 +51,44 @@ class _Reporter(Events):
 
     def planned(self, plan: Any) -> None:
         self.console.print(f"mgpu: plan: {plan.describe()}")
+        self.start_bar(len(plan.tiles))
+
+    def start_bar(self, total: int) -> None:
         if self.show_progress:
             self.progress = Progress(
                 TextColumn("tiles"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
                 console=self.console, transient=True,
             )
-            self.task = self.progress.add_task("tiles", total=len(plan.tiles), rate="")
+            self.task = self.progress.add_task("tiles", total=total, rate="")
+            self.started = time.perf_counter()
             self.progress.start()
 
     def tile_done(self, record: Any) -> None:
         if self.progress is not None:
-            self.progress.advance(self.task)
+            done = self.progress.tasks[0].completed + 1
+            elapsed = time.perf_counter() - self.started
+            self.progress.update(self.task, advance=1, rate=f"{done / elapsed:.3g} tiles/s" if elapsed > 0 else "")
+
+    def finished(self, info: Any, result: Any) -> None:
+        self.close()
+        if not self.keep_open:
+            return
+        print_result(result, self.console)
+        self.result_shown = True
+        link = info.dashboard_link or "off"
+        message = (f"mgpu: cluster kept open at {info.client.scheduler.address}, dashboard {link}; "
+                   "press Ctrl-C to close")
+        if self.console.quiet:
+            click.echo(message, err=True)
+        else:
+            self.console.print(message, soft_wrap=True)
+        _wait_for_interrupt()
 
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
+            self.progress = None
 
 
 def _devices_override(value: str) -> str:
@@ -93,9 +121,10 @@ def cli() -> None:
 @click.option("--no-verify", is_flag=True, help="skip checking the tiles")
 @click.option("--force", is_flag=True, help="replace output files that already exist")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar and no table")
+@click.option("--keep-open", is_flag=True, help="keep the cluster and dashboard up after the job until Ctrl-C")
 def submit(job_file: Path, devices: str | None, backend: str | None, allocator: str | None,
            scheduler: str | None, dashboard: str | None, no_dashboard: bool, sets: tuple[str, ...],
-           json_path: str | None, no_verify: bool, force: bool, quiet: bool) -> None:
+           json_path: str | None, no_verify: bool, force: bool, quiet: bool, keep_open: bool) -> None:
     """Run a job file and report timings, throughput and verification."""
     overrides = list(sets)
     if devices is not None:
@@ -114,6 +143,7 @@ def submit(job_file: Path, devices: str | None, backend: str | None, allocator: 
     # With JSON on stdout, everything meant for a person goes to stderr.
     console = Console(stderr=json_path == "-" or quiet, quiet=quiet)
     reporter = _Reporter(console, show_progress=not quiet and console.is_terminal and json_path != "-")
+    reporter.keep_open = keep_open
     try:
         job = load_job(job_file, overrides)
         if json_path and json_path != "-" and not Path(json_path).expanduser().parent.is_dir():
@@ -129,7 +159,8 @@ def submit(job_file: Path, devices: str | None, backend: str | None, allocator: 
     except KeyboardInterrupt:
         _fail("interrupted; the cluster was closed and no output was kept", 130)
 
-    print_result(result, console)
+    if not reporter.result_shown:
+        print_result(result, console)
     if json_path:
         text = result.model_dump_json(indent=2)
         if json_path == "-":
@@ -190,6 +221,23 @@ def _calibrate() -> dict[str, dict[str, float]]:
 def _fail(message: str, code: int) -> None:
     click.echo(f"mgpu: error: {message}" if code == 2 else f"mgpu: {message}", err=True)
     sys.exit(code)
+
+
+def _wait_for_interrupt() -> None:
+    """Block until Ctrl-C or SIGTERM; either ends the wait normally, so the cluster closes."""
+    stop = threading.Event()
+    try:
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: Ctrl-C arrives as KeyboardInterrupt instead
+        previous = {}
+    try:
+        while not stop.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def main() -> None:

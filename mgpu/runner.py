@@ -38,6 +38,9 @@ class Events:
 
     def tile_done(self, record: TileRecord) -> None: ...
 
+    def finished(self, info: ClusterInfo, result: Result) -> None:
+        """The job is done and its cluster still up (``submit --keep-open`` waits here)."""
+
 
 def _run_tile(workload: Workload, tile: Tile) -> TileRecord:
     dev = _device.current()
@@ -148,8 +151,10 @@ def run_job(job: Job, events: Events | None = None) -> Result:
                     sink.commit()
                 outputs = [s.path for s in sinks if s.keep] + outputs
             wall = time.perf_counter() - t0
-            return build_result(job, workload, info, plan, records, wall_s=wall, outputs=outputs,
-                                ceilings=ceilings)
+            result = build_result(job, workload, info, plan, records, wall_s=wall, outputs=outputs,
+                                  ceilings=ceilings)
+            events.finished(info, result)
+            return result
     finally:
         for sink in sinks:
             sink.discard()

@@ -68,6 +68,20 @@ class ClusterSpec(BaseModel):
     def _memory_limit(cls, v: Any) -> Any:
         return v if v == "auto" else parse_size(v, key="cluster.memory_limit")
 
+    @field_validator("dashboard", mode="before")
+    @classmethod
+    def _dashboard(cls, v: Any) -> Any:
+        # A bare port (--dashboard 8790) stays on the loopback interface, like the default.
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = f"127.0.0.1:{v}"
+        if v is None:
+            return v
+        host, sep, port = str(v).rpartition(":")
+        if not isinstance(v, str) or not sep or not port.isdigit() or int(port) > 65535 or " " in host:
+            raise ValueError(f"expected HOST:PORT (127.0.0.1:8787), a port alone (8790, on 127.0.0.1), "
+                             f"or null for none; got {v!r}")
+        return v
+
     @model_validator(mode="after")
     def _pairs(self) -> ClusterSpec:
         if self.allocator == "managed" and self.spill == "managed":
