@@ -20,7 +20,7 @@ from .errors import JobInputError
 from .sizes import parse_size
 from .workloads import get_workload_class, workload_names
 
-__all__ = ["ClusterSpec", "Job", "apply_overrides", "load_job"]
+__all__ = ["ClusterSpec", "Job", "ScaleSpec", "apply_overrides", "load_job"]
 
 
 class ClusterSpec(BaseModel):
@@ -90,6 +90,28 @@ class ClusterSpec(BaseModel):
         return self
 
 
+class ScaleSpec(BaseModel):
+    """How ``mgpu scale --weak`` grows the job with the device count (the ``scale:`` section)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grow: list[str] | None = Field(
+        None, description="params grown with the device count; null: the workload's default"
+    )
+
+    @field_validator("grow", mode="before")
+    @classmethod
+    def _one_name(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("grow")
+    @classmethod
+    def _grow(cls, v: Any) -> Any:
+        if v is not None and (not v or len(set(v)) != len(v)):
+            raise ValueError(f"expected a non-empty list of params without repeats, got {v}")
+        return v
+
+
 class Job(BaseModel):
     """A validated job: what to run (``workload`` + ``params``) and where (``cluster``)."""
 
@@ -102,6 +124,7 @@ class Job(BaseModel):
     tiling: Literal["auto"] | dict[str, int] = "auto"
     verify: bool = True
     force: bool = Field(False, description="replace outputs that already exist")
+    scale: ScaleSpec = ScaleSpec()
 
     @field_validator("tiling")
     @classmethod
@@ -237,9 +260,14 @@ def validate_job(doc: dict[str, Any]) -> Job:
         raise JobInputError(_format_error(e, cls.Params, "params.")) from None
     doc["params"] = params
     try:
-        return Job.model_validate(doc)
+        job = Job.model_validate(doc)
     except ValidationError as e:
         raise JobInputError(_format_error(e, Job)) from None
+    unknown = [k for k in job.scale.grow or () if k not in cls.size_params]
+    if unknown:
+        raise JobInputError(f"scale.grow: {unknown[0]!r} is not a size of {workload}; "
+                            f"allowed: {', '.join(cls.size_params) or 'none (it has no sizes to grow)'}")
+    return job
 
 
 def load_job(path: str | Path, overrides: list[str] | None = None) -> Job:
