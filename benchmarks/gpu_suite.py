@@ -65,6 +65,17 @@ def ceilings(quick: bool) -> dict:
     out["cupy_dot_gbps"] = 8 * m / t / 1e9
     t, _ = _median_seconds(lambda: kernels.dot_f64(cupy, x, y))
     out["mgpu_dot_kernel_gbps"] = 8 * m / t / 1e9
+    # Peer copy GPU0 -> GPU1 with peer access (what a tile move over NVLink can reach).
+    if cupy.cuda.runtime.getDeviceCount() > 1 and cupy.cuda.runtime.deviceCanAccessPeer(0, 1):
+        from mgpu.roofline import _enable_peer_access
+
+        _enable_peer_access(1)
+        with cupy.cuda.Device(1):
+            dst1 = cupy.empty(x.nbytes, dtype=cupy.uint8)
+        t, _ = _median_seconds(lambda: cupy.cuda.runtime.memcpyPeerAsync(dst1.data.ptr, 1, x.data.ptr, 0, x.nbytes,
+                                                                         cupy.cuda.get_current_stream().ptr))
+        out["peer_gbps"] = x.nbytes / t / 1e9
+        del dst1
     del x, y, src
     side = 4096 if quick else 16384
     for dtype in ("float32", "float64"):
@@ -85,16 +96,22 @@ JOBS_FULL = [
     ("matmul-32k-f32-1gpu", "jobs/matmul.yaml", "1", ["params.m=32768", "params.n=32768", "params.k=32768"], "gemm_float32_tflops", []),
     ("matmul-32k-tf32", "jobs/matmul.yaml", "0,1", ["params.m=32768", "params.n=32768", "params.k=32768", "params.precision=tf32"], "gemm_tf32_tflops", []),
     ("matmul-32k-f64", "jobs/matmul.yaml", "0,1", ["params.m=32768", "params.n=32768", "params.k=32768", "params.dtype=float64"], "gemm_float64_tflops", []),
+    ("matmul-32k-f32-distributed", "jobs/matmul.yaml", "0,1", ["params.m=32768", "params.n=32768", "params.k=32768", "params.operands=distributed"], "gemm_float32_tflops", []),
+    ("matmul-32k-tf32-distributed", "jobs/matmul.yaml", "0,1", ["params.m=32768", "params.n=32768", "params.k=32768", "params.precision=tf32", "params.operands=distributed"], "gemm_tf32_tflops", []),
+    ("matmul-32k-tf32-1gpu", "jobs/matmul.yaml", "1", ["params.m=32768", "params.n=32768", "params.k=32768", "params.precision=tf32"], "gemm_tf32_tflops", []),
+    ("matmul-32k-f64-1gpu", "jobs/matmul.yaml", "1", ["params.m=32768", "params.n=32768", "params.k=32768", "params.dtype=float64"], "gemm_float64_tflops", []),
     ("dot-2g-f32", "jobs/dot.yaml", "0,1", ["params.n=2000000000"], "copy_gbps", []),
+    ("dot-20g-f32", "jobs/dot.yaml", "0,1", ["params.n=20000000000"], "copy_gbps", []),
     ("dot-2g-f32-1gpu", "jobs/dot.yaml", "1", ["params.n=2000000000"], "copy_gbps", []),
     ("mandelbrot-64k-f32", "jobs/mandelbrot.yaml", "0,1", ["params.width=65536", "params.height=65536", "params.max_iter=1000", "params.output=null"], "mandelbrot_float32_giters", []),
     ("mandelbrot-64k-f32-1gpu", "jobs/mandelbrot.yaml", "1", ["params.width=65536", "params.height=65536", "params.max_iter=1000", "params.output=null"], "mandelbrot_float32_giters", []),
     ("mandelbrot-64k-f64", "jobs/mandelbrot.yaml", "0,1", ["params.width=65536", "params.height=65536", "params.max_iter=1000", "params.output=null", "params.dtype=float64"], "mandelbrot_float64_giters", []),
+    ("mandelbrot-64k-f64-1gpu", "jobs/mandelbrot.yaml", "1", ["params.width=65536", "params.height=65536", "params.max_iter=1000", "params.output=null", "params.dtype=float64"], "mandelbrot_float64_giters", []),
 ]
 
 
 def _quick(jobs):
-    small = {"32768": "8192", "2000000000": "200000000", "65536": "8192"}
+    small = {"32768": "8192", "2000000000": "200000000", "20000000000": "400000000", "65536": "8192"}
     out = []
     for label, job, devs, sets, key, extra in jobs:
         sets = [s.split("=")[0] + "=" + small.get(s.split("=")[1], s.split("=")[1]) for s in sets]
@@ -140,6 +157,9 @@ def main() -> None:
             value=r["value"], result=r, roofline=r.get("roofline"),
         )
         rows.append(row)
+        moved = [(d["id"], d["bytes_d2d"], d.get("d2d_gbps")) for d in r["per_device"] if d.get("bytes_d2d")]
+        if moved:
+            print(f"{label}: peer copies (device, bytes, GB/s): {moved}", flush=True)
         print(f"{label}: {thr:.4g} {row['unit']} ({row['ratio']:.1%} of {ndev}x ceiling), kernel-only {row['kernel_ratio']:.1%}, "
               f"compute {r['compute_s']:.3f}s wall {r['wall_s']:.2f}s verify {r['verify']['passed']} err {r['verify']['max_rel_error']}", flush=True)
     report["jobs"] = rows

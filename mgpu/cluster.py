@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 from distributed import Client, LocalCluster
 
+from .alloc_stats import AllocatorStats
 from .device import DeviceFacts, visible_gpu_count
 from .errors import JobInputError
 from .plugins import DeviceSetup
@@ -24,6 +25,13 @@ __all__ = ["ClusterInfo", "ResolvedCluster", "open_cluster", "resolve_cluster"]
 
 # The per-device budget when memory_limit is "auto": room for the allocator and CUDA.
 AUTO_BUDGET = {"cuda": 0.8, "cpu": 0.5}
+
+# Each worker mgpu starts offers one unit of this Dask resource: a tile task takes
+# 1/concurrency of it, so a workload decides how many of its tiles share a device at once.
+SLOT = "mgpu-slot"
+# Task threads per GPU worker: enough for two tiles at once (one computing on the GPU
+# while the other checks on the CPU); the slot resource keeps exclusive tiles exclusive.
+GPU_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,11 @@ class ClusterInfo:
     owned: bool
     devices: dict[str, DeviceFacts] = field(default_factory=dict)  # worker address -> facts
     spills: bool = False  # allocations past the budget go to managed memory
+    slots: bool = False  # every worker offers the SLOT resource
+
+    def tile_resources(self, concurrency: int) -> dict[str, float] | None:
+        """The Dask resources a tile task asks for, when ``concurrency`` tiles may share a device."""
+        return {SLOT: 1.0 / concurrency} if self.slots else None
 
     @property
     def backend(self) -> str:
@@ -151,7 +164,8 @@ def _start_cuda(rc: ResolvedCluster) -> Any:
         CUDA_VISIBLE_DEVICES=",".join(str(d) for d in rc.devices),
         protocol=rc.protocol,
         dashboard_address=rc.dashboard,
-        threads_per_worker=1,
+        threads_per_worker=GPU_THREADS,
+        resources={SLOT: 1},
         silence_logs=logging.WARNING,
         **rmm,
     )
@@ -161,6 +175,7 @@ def _start_cpu(rc: ResolvedCluster) -> LocalCluster:
     return LocalCluster(
         n_workers=len(rc.devices),
         threads_per_worker=1,
+        resources={SLOT: 1},
         processes=True,
         host="127.0.0.1",
         dashboard_address=rc.dashboard,
@@ -200,6 +215,8 @@ def open_cluster(rc: ResolvedCluster) -> Iterator[ClusterInfo]:
             from .spill import SpillToManaged
 
             client.register_plugin(SpillToManaged())
+        # Last, so its statistics adaptor sits on top of whatever the plugins above installed.
+        client.register_plugin(AllocatorStats())
         if rc.dashboard or rc.scheduler:
             # The task stream records only once its scheduler plugin exists, which opening a
             # dashboard page does; asking for it here keeps every task for a later look.
@@ -208,7 +225,11 @@ def open_cluster(rc: ResolvedCluster) -> Iterator[ClusterInfo]:
         if not facts:
             raise JobInputError(f"cluster.scheduler: the scheduler at {rc.scheduler} has no workers")
         ordered = dict(sorted(facts.items(), key=lambda kv: (kv[1].host, kv[1].id, kv[0])))
-        yield ClusterInfo(client, rc, owned=cluster is not None, devices=ordered, spills=rc.spill == "managed")
+        # Workers started without the resource (a joined cluster's) run tiles one per thread.
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        slots = all(SLOT in workers.get(addr, {}).get("resources", {}) for addr in ordered)
+        yield ClusterInfo(client, rc, owned=cluster is not None, devices=ordered, spills=rc.spill == "managed",
+                          slots=slots)
     finally:
         if client is not None:
             client.close()

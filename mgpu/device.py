@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -53,32 +54,72 @@ class Timing:
 
 @dataclass
 class Device:
-    """One worker's device. Counters accumulate over the worker's tasks."""
+    """One worker's device, shared by the worker's task threads.
+
+    Each thread gets its own non-blocking stream (made by ``new_stream``) and its own
+    byte counters, so two tiles running at once on one GPU neither wait for each other's
+    work nor count each other's copies.
+    """
 
     backend: str
     xp: Any
     facts: DeviceFacts
-    stream: Any = None
-    bytes_h2d: int = 0
-    bytes_d2h: int = 0
+    new_stream: Callable[[], Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    _local: threading.local = field(default_factory=threading.local, repr=False)
 
     @property
     def is_gpu(self) -> bool:
         return self.backend == "cuda"
 
+    @property
+    def stream(self) -> Any:
+        """This thread's stream (None on a CPU)."""
+        if self.new_stream is None:
+            return None
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            stream = self._local.stream = self.new_stream()
+        return stream
+
+    @property
+    def copy_stream(self) -> Any:
+        """This thread's second stream, for copies that overlap its compute (None on a CPU)."""
+        if self.new_stream is None:
+            return None
+        stream = getattr(self._local, "copy_stream", None)
+        if stream is None:
+            stream = self._local.copy_stream = self.new_stream()
+        return stream
+
+    @property
+    def bytes_h2d(self) -> int:
+        """Bytes this thread copied host to device so far."""
+        return getattr(self._local, "h2d", 0)
+
+    @property
+    def bytes_d2h(self) -> int:
+        """Bytes this thread copied device to host so far."""
+        return getattr(self._local, "d2h", 0)
+
+    def _count(self, name: str, nbytes: int) -> None:
+        setattr(self._local, name, getattr(self._local, name, 0) + nbytes)
+
     @contextlib.contextmanager
     def on_stream(self) -> Iterator[None]:
-        """Make this worker's non-blocking stream current for CuPy calls inside."""
-        if self.stream is None:
+        """Make this thread's non-blocking stream current for CuPy calls inside."""
+        stream = self.stream
+        if stream is None:
             yield
         else:
-            with self.stream:
+            with stream:
                 yield
 
     def synchronize(self) -> None:
-        if self.stream is not None:
-            self.stream.synchronize()
+        """Wait for the work this thread enqueued (not other threads' work)."""
+        stream = self.stream
+        if stream is not None:
+            stream.synchronize()
 
     @contextlib.contextmanager
     def timer(self) -> Iterator[Timing]:
@@ -106,7 +147,7 @@ class Device:
         if not self.is_gpu:
             return np.asarray(host)
         arr = self.xp.asarray(np.ascontiguousarray(host))
-        self.bytes_h2d += arr.nbytes
+        self._count("h2d", arr.nbytes)
         return arr
 
     def to_host(self, arr: Any) -> np.ndarray:
@@ -115,7 +156,7 @@ class Device:
             return np.asarray(arr)
         out = arr.get(stream=self.stream)
         self.synchronize()
-        self.bytes_d2h += out.nbytes
+        self._count("d2h", out.nbytes)
         return out
 
     def spill_counts(self) -> tuple[int, int]:

@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "dot_check",
     "dot_f64",
+    "matvec_f64",
     "mandelbrot_axes",
     "mandelbrot_counts",
     "random_block",
@@ -71,7 +73,7 @@ def random_block(
         out = xp.empty((h, w), dtype=dtype)
         if out.size:
             _cupy_random_kernel()(
-                np.uint64(key), np.uint64(r0), np.uint64(c0), np.uint64(w), np.uint64(total_cols),
+                np.uint64(key), np.uint64(r0), np.uint64(c0), np.uint64(w), np.uint64(h), np.uint64(total_cols),
                 np.int32(64 - bits), np.float64(scale), out,
             )
         return out
@@ -90,13 +92,24 @@ def _cupy_random_kernel() -> Any:
     import cupy
 
     return cupy.ElementwiseKernel(
-        "uint64 key, uint64 row0, uint64 col0, uint64 width, uint64 total_cols, "
+        "uint64 key, uint64 row0, uint64 col0, uint64 width, uint64 height, uint64 total_cols, "
         "int32 shift, float64 scale",
         "T out",
         """
-        unsigned long long r = (unsigned long long)i / width;
-        unsigned long long c = (unsigned long long)i - r * width;
-        unsigned long long z = key + ((row0 + r) * total_cols + col0 + c) * 0x9E3779B97F4A7C15ULL;
+        // The element's index in the whole operand. A block as wide as the operand (or
+        // one row of it) is contiguous there, so no 64-bit division is needed; 64-bit
+        // division costs more than the hash itself.
+        unsigned long long g;
+        if (width == total_cols || height == 1) {
+            g = row0 * total_cols + col0 + (unsigned long long)i;
+        } else if (width <= 0xffffffffULL && (unsigned long long)i <= 0xffffffffULL) {
+            unsigned int r = (unsigned int)i / (unsigned int)width;
+            g = (row0 + r) * total_cols + col0 + ((unsigned int)i - r * (unsigned int)width);
+        } else {
+            unsigned long long r = (unsigned long long)i / width;
+            g = (row0 + r) * total_cols + col0 + ((unsigned long long)i - r * width);
+        }
+        unsigned long long z = key + g * 0x9E3779B97F4A7C15ULL;
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
         z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
         z ^= z >> 31;
@@ -133,8 +146,9 @@ template<> __device__ __forceinline__ double dot_vec<double, double2, 2>(const d
     return a.x * b.x + a.y * b.y;
 }
 
-// Sum a value over the block and store it as this block's partial.
-__device__ __forceinline__ void store_block_sum(double acc, double* partial) {
+// Sum a value over the block; the total is valid in thread 0. Ends with a barrier so a
+// block may call it again (the shared scratch is reused).
+__device__ __forceinline__ double block_sum(double acc) {
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
     __shared__ double warp_sums[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -143,8 +157,14 @@ __device__ __forceinline__ void store_block_sum(double acc, double* partial) {
     if (warp == 0) {
         acc = lane < (blockDim.x >> 5) ? warp_sums[lane] : 0.0;
         for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
-        if (lane == 0) partial[blockIdx.x] = acc;
     }
+    __syncthreads();
+    return acc;
+}
+
+__device__ __forceinline__ void store_block_sum(double acc, double* partial) {
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
 // One partial sum per block; the host side adds the partials (deterministic order).
@@ -178,11 +198,47 @@ __global__ void dot_partial_scalar(const T* __restrict__ x, const T* __restrict_
         acc += (double)x[i] * (double)y[i];
     store_block_sum(acc, partial);
 }
+
+// The checks' route: each block sums one contiguous segment (a grouping unlike the dot
+// kernel's grid stride), keeping sum(x*y) and sum|x*y| for the relative error.
+template<typename T>
+__global__ void dot_check_partial(const T* __restrict__ x, const T* __restrict__ y,
+                                  long long n, double* __restrict__ partial) {
+    const long long per = (n + gridDim.x - 1) / gridDim.x;
+    const long long lo = (long long)blockIdx.x * per;
+    const long long hi = lo + per < n ? lo + per : n;
+    double s = 0.0, a = 0.0;
+    for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const double p = (double)x[i] * (double)y[i];
+        s += p;
+        a += fabs(p);
+    }
+    s = block_sum(s);
+    a = block_sum(a);
+    if (threadIdx.x == 0) { partial[2 * blockIdx.x] = s; partial[2 * blockIdx.x + 1] = a; }
+}
+
+// out[r] = sum_c m[r, c] * v[c] in float64 for a C-ordered m: one block per row at a
+// time, reading m once (a float64 copy of m would cost three times the traffic).
+template<typename T>
+__global__ void matvec_rows_f64(const T* __restrict__ m, const double* __restrict__ v,
+                                long long rows, long long cols, double* __restrict__ out) {
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* row = m + r * cols;
+        double acc = 0.0;
+        for (long long c = threadIdx.x; c < cols; c += blockDim.x) acc += (double)row[c] * v[c];
+        acc = block_sum(acc);
+        if (threadIdx.x == 0) out[r] = acc;
+    }
+}
 """
 
 _DOT_VECTOR = {"float32": "dot_partial<float, float4, 4>", "float64": "dot_partial<double, double2, 2>"}
 _DOT_SCALAR = {"float16": "dot_partial_scalar<__half>", "float32": "dot_partial_scalar<float>",
                "float64": "dot_partial_scalar<double>"}
+_C_TYPES = {"float16": "__half", "float32": "float", "float64": "double"}
+_DOT_CHECK = {name: f"dot_check_partial<{c}>" for name, c in _C_TYPES.items()}
+_MATVEC = {name: f"matvec_rows_f64<{c}>" for name, c in _C_TYPES.items()}
 
 
 @functools.cache
@@ -192,7 +248,7 @@ def _cupy_dot_module() -> Any:
     return cupy.RawModule(
         code="#include <cuda_fp16.h>\n" + _DOT_SOURCE,
         options=("-std=c++17",),
-        name_expressions=list(_DOT_VECTOR.values()) + list(_DOT_SCALAR.values()),
+        name_expressions=[*_DOT_VECTOR.values(), *_DOT_SCALAR.values(), *_DOT_CHECK.values(), *_MATVEC.values()],
     )
 
 
@@ -212,6 +268,62 @@ def _cupy_dot(x: Any, y: Any) -> float:
     kernel = _cupy_dot_module().get_function(kernel_name or _DOT_SCALAR[name])
     kernel((blocks,), (threads,), (x, y, np.int64(n), partial))
     return float(partial.sum())
+
+
+def dot_check(xp: Any, x: Any, y: Any) -> tuple[float, float]:
+    """``(sum(x*y), sum|x*y|)`` in float64 by a route other than :func:`dot_f64`'s.
+
+    Used to check a dot: the two sums group the products differently, so a wrong kernel
+    or a lost chunk shows, while rounding stays within ``sqrt(n)`` units of the scale.
+    """
+    if _is_cupy(xp):
+        import cupy
+
+        n = x.shape[0]
+        if n == 0:
+            return 0.0, 0.0
+        blocks = cupy.cuda.Device().attributes["MultiProcessorCount"] * 8
+        partial = cupy.empty(2 * blocks, dtype=cupy.float64)
+        kernel = _cupy_dot_module().get_function(_DOT_CHECK[str(x.dtype)])
+        kernel((blocks,), (256,), (x, y, np.int64(n), partial))
+        s, a = partial.reshape(blocks, 2).sum(axis=0).get()
+        return float(s), float(a)
+    total = scale = 0.0
+    step = 1 << 22
+    for s in range(0, x.shape[0], step):
+        prod = x[s : s + step].astype(np.float64) * y[s : s + step].astype(np.float64)
+        total += float(prod.sum())
+        scale += float(np.abs(prod).sum())
+    return total, scale
+
+
+def matvec_f64(xp: Any, m: Any, v: Any) -> Any:
+    """``m @ v`` with the products and sums in float64, for a 2-D ``m`` of any float dtype.
+
+    On the GPU one kernel reads ``m`` once; on the CPU ``m`` is cast in row pieces so the
+    float64 copy stays small.
+    """
+    if _is_cupy(xp):
+        import cupy
+
+        m = cupy.ascontiguousarray(m)
+        v = cupy.ascontiguousarray(v, dtype=cupy.float64)
+        rows, cols = m.shape
+        out = cupy.empty(rows, dtype=cupy.float64)
+        if rows and cols:
+            blocks = min(rows, cupy.cuda.Device().attributes["MultiProcessorCount"] * 16)
+            kernel = _cupy_dot_module().get_function(_MATVEC[str(m.dtype)])
+            kernel((blocks,), (256,), (m, v, np.int64(rows), np.int64(cols), out))
+        elif rows:
+            out[:] = 0
+        return out
+    piece = max(1, (256 << 20) // (8 * max(1, m.shape[1])))
+    if m.shape[0] <= piece:
+        return m.astype(np.float64, copy=False) @ v
+    out = np.empty(m.shape[0], dtype=np.float64)
+    for i in range(0, m.shape[0], piece):
+        out[i : i + piece] = m[i : i + piece].astype(np.float64) @ v
+    return out
 
 
 def mandelbrot_axes(
@@ -274,23 +386,32 @@ def _cupy_mandelbrot_kernel() -> Any:
 
 def _numpy_mandelbrot(x: np.ndarray, y: np.ndarray, max_iter: int) -> np.ndarray:
     h, w = y.shape[0], x.shape[0]
-    cr = np.broadcast_to(x[None, :], (h, w)).ravel()
-    ci = np.broadcast_to(y[:, None], (h, w)).ravel()
-    counts = np.zeros(h * w, dtype=np.int32)
+    cr = np.broadcast_to(x[None, :], (h, w)).ravel().copy()
+    ci = np.broadcast_to(y[:, None], (h, w)).ravel().copy()
+    # Points still iterating; a point's count is the step at which it escaped, so the
+    # loop never touches the counts of live points (one fewer array op per step).
+    counts = np.full(h * w, max_iter, dtype=np.int32)
     idx = np.arange(h * w)
     zr = np.zeros_like(cr)
     zi = np.zeros_like(ci)
+    zr2, zi2, t = np.empty_like(cr), np.empty_like(cr), np.empty_like(cr)
     four = x.dtype.type(4)
-    for _ in range(max_iter):
-        zr2 = zr * zr
-        zi2 = zi * zi
-        alive = ~(zr2 + zi2 > four)
-        if not alive.all():  # drop escaped points so the work shrinks with the set
+    for n in range(max_iter):
+        np.multiply(zr, zr, out=zr2)
+        np.multiply(zi, zi, out=zi2)
+        np.add(zr2, zi2, out=t)
+        escaped = t > four
+        if escaped.any():  # drop escaped points so the work shrinks with the set
+            counts[idx[escaped]] = n
+            alive = ~escaped
             idx, zr, zi, zr2, zi2, cr, ci = (a[alive] for a in (idx, zr, zi, zr2, zi2, cr, ci))
             if idx.size == 0:
                 break
-        t = zr * zi
-        zi = t + t + ci
-        zr = zr2 - zi2 + cr
-        counts[idx] += 1
+            t = np.empty_like(zr)
+        # zi = 2 zr zi + ci as (zr*zi + zr*zi) + ci, zr = (zr2 - zi2) + cr: the kernel's order.
+        np.multiply(zr, zi, out=t)
+        np.add(t, t, out=zi)
+        zi += ci
+        np.subtract(zr2, zi2, out=zr)
+        zr += cr
     return counts.reshape(h, w)

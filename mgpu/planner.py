@@ -14,6 +14,7 @@ from .errors import JobInputError
 from .sizes import format_bytes
 
 __all__ = [
+    "Panel",
     "Plan",
     "Tile",
     "assign_contiguous",
@@ -31,10 +32,24 @@ class Tile:
     bounds: dict[str, tuple[int, int]]
     worker: str | None = None  # None: any worker (dynamic placement)
     cost: float = 1.0  # relative cost, for balancing and the progress bar
+    needs: tuple[str, ...] = ()  # names of the panels (see Panel) this tile reads
 
     def size(self, axis: str) -> int:
         lo, hi = self.bounds[axis]
         return hi - lo
+
+
+@dataclass(frozen=True)
+class Panel:
+    """A block of an operand made once on ``worker`` and kept there for the tiles.
+
+    ``bounds`` maps the operand's axes to ranges, as a tile's do.
+    """
+
+    name: str
+    operand: str
+    bounds: dict[str, tuple[int, int]]
+    worker: str
 
 
 @dataclass
@@ -52,6 +67,7 @@ class Plan:
     working_set: int  # bytes one task holds on its device at most
     budget: int  # the per-device budget the plan was made for
     notes: dict[str, Any] = field(default_factory=dict)
+    panels: list[Panel] = field(default_factory=list)  # made before the tiles, on their workers
 
     def describe(self) -> str:
         shape = " x ".join(f"{k}={v}" for k, v in self.tile_shape.items())

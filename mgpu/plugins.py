@@ -70,9 +70,9 @@ def _cuda_device() -> _device.Device:
         host=socket.gethostname(),
         compute_capability=f"{props['major']}.{props['minor']}",
     )
-    # Tasks enqueue here, never on the legacy default stream that serialises everything.
-    stream = cupy.cuda.Stream(non_blocking=True)
-    return _device.Device("cuda", cupy, facts, stream=stream)
+    # Each task thread enqueues on a non-blocking stream of its own, never on the legacy
+    # default stream that serialises everything.
+    return _device.Device("cuda", cupy, facts, new_stream=lambda: cupy.cuda.Stream(non_blocking=True))
 
 
 def _cpu_device(worker: Any) -> _device.Device:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .spec import Job
     from .workloads.base import TileRecord, Workload
 
-__all__ = ["Result", "build_result", "print_result"]
+__all__ = ["Allocator", "Result", "allocator_cell", "build_result", "print_result"]
 
 
 class Throughput(BaseModel):
@@ -32,6 +32,19 @@ class Roofline(BaseModel):
     basis: str
 
 
+class Allocator(BaseModel):
+    """A worker's allocator over the job; ``None`` where it cannot be measured (n/a)."""
+
+    kind: str  # pool | async | managed | cuda (RMM on cudaMalloc) | default (CuPy's pool) | numpy
+    pool_size: int | None = None  # bytes the pool holds at the job's end
+    limit: int | None = None  # a cap on what it may allocate (async with spill: the budget)
+    peak_bytes: int | None = None  # most bytes allocated at once during the job
+    current_bytes: int | None = None  # still allocated at the job's end
+    total_bytes: int | None = None  # bytes allocated during the job, all allocations summed
+    total_count: int | None = None  # allocations made during the job
+    peak_count: int | None = None  # most allocations alive at once
+
+
 class DeviceRow(BaseModel):
     worker: str
     host: str
@@ -44,7 +57,9 @@ class DeviceRow(BaseModel):
     bytes_h2d: int = 0
     bytes_d2h: int = 0
     bytes_d2d: int = 0
+    d2d_gbps: float | None = None  # rate of the peer copies alone (they overlap compute)
     peak_memory: int = 0
+    allocator: Allocator | None = None
 
 
 class Verify(BaseModel):
@@ -90,12 +105,15 @@ def build_result(
     wall_s: float,
     outputs: list[str],
     ceilings: dict[str, dict[str, float]] | None = None,
+    allocators: dict[str, dict[str, Any]] | None = None,
 ) -> Result:
     """Fold the tiles' records into the Result.
 
     ``compute_s`` is the longest span, on any one worker's own clock, from its first tile's
     start to its last tile's end: cluster start-up is out, input generation, checks and
     idle gaps between tiles are in. Throughput is all tiles' work over that span.
+    ``allocators`` (worker address -> figures, see :mod:`mgpu.alloc_stats`) fill each
+    row's allocator and its peak memory.
     """
     by_worker: dict[str, list[TileRecord]] = defaultdict(list)
     for r in records:
@@ -106,6 +124,7 @@ def build_result(
         first = recs[0]
         host = first.worker.rsplit(":", 1)[0]
         addr, facts = facts_by_id.get((host, first.device), ("?", None))
+        alloc = Allocator(**allocators[addr]) if allocators and addr in allocators else None
         rows.append(
             DeviceRow(
                 worker=addr,
@@ -118,6 +137,10 @@ def build_result(
                 span_s=max(r.stop for r in recs) - min(r.start for r in recs),
                 bytes_h2d=sum(r.bytes_h2d for r in recs),
                 bytes_d2h=sum(r.bytes_d2h for r in recs),
+                bytes_d2d=sum(r.bytes_d2d for r in recs),
+                d2d_gbps=_rate(sum(r.bytes_d2d for r in recs), sum(r.d2d_s for r in recs)),
+                peak_memory=(alloc.peak_bytes or 0) if alloc else 0,
+                allocator=alloc,
             )
         )
     rows.sort(key=lambda d: (d.host, d.id))
@@ -154,6 +177,10 @@ def build_result(
               "working_set": plan.working_set, "budget": plan.budget},
         env=runtime_env(info),
     )
+
+
+def _rate(nbytes: int, seconds: float) -> float | None:
+    return nbytes / seconds / 1e9 if nbytes and seconds > 0 else None
 
 
 def _roofline(throughput: Throughput, key: str, ceilings: dict[str, dict[str, float]]) -> Roofline | None:
@@ -201,8 +228,26 @@ def print_result(result: Result, console: Console) -> None:
     for path in result.outputs:
         table.add_row("output", path)
     console.print(table)
-    devices = Table("device", "name", "tiles", "busy s", "span s", "H2D", "D2H", title_justify="left")
+    devices = Table("device", "name", "tiles", "busy s", "span s", "H2D", "D2H", "from peers", "allocator",
+                    title_justify="left")
     for d in result.per_device:
+        peer = format_bytes(d.bytes_d2d) + (f" at {d.d2d_gbps:.0f} GB/s" if d.d2d_gbps else "")
         devices.add_row(f"{d.host}:{d.id}", d.name, str(d.tiles), f"{d.busy_s:.3f}", f"{d.span_s:.3f}",
-                        format_bytes(d.bytes_h2d), format_bytes(d.bytes_d2h))
+                        format_bytes(d.bytes_h2d), format_bytes(d.bytes_d2h), peer,
+                        allocator_cell(d.allocator))
     console.print(devices)
+
+
+def allocator_cell(a: Allocator | None) -> str:
+    """One compact cell: kind, pool size, the job's peak and allocation count (n/a if unknown)."""
+    if a is None:
+        return "n/a"
+    if a.pool_size is None and a.peak_bytes is None and a.total_count is None:
+        return f"{a.kind}, n/a"
+    parts = [a.kind + (f" {format_bytes(a.pool_size)}" if a.pool_size is not None else "")]
+    if a.limit is not None:
+        parts.append(f"cap {format_bytes(a.limit)}")
+    parts.append(f"peak {format_bytes(a.peak_bytes)}" if a.peak_bytes is not None else "peak n/a")
+    if a.total_count is not None:
+        parts.append(f"{a.total_count} allocs")
+    return ", ".join(parts)

@@ -1,8 +1,8 @@
 """Each device's ceilings, measured once and cached: what a result's throughput is set against.
 
 A ceiling is what one device does alone with the plainest fast code: cuBLAS (or BLAS)
-GEMM per dtype, a device-to-device copy (bytes read + written), and mgpu's own
-Mandelbrot kernel. They are measured on the workers, keyed by device model and software
+GEMM per dtype, a device-to-device copy (bytes read + written), mgpu's own Mandelbrot
+kernel and, on GPUs, pinned host<->device copies and copies to each peer GPU it sees. They are measured on the workers, keyed by device model and software
 versions, and cached in ``~/.cache/mgpu/ceilings.json`` (``mgpu.cache-dir`` in Dask's
 config moves it), so only the first run on a machine pays the few seconds.
 """
@@ -76,9 +76,54 @@ def measure_ceilings() -> dict[str, float]:
             iterations = float(kernels.mandelbrot_counts(xp, xd, yd, size["max_iter"]).sum(dtype=np.int64))
             seconds = _median(dev, lambda: kernels.mandelbrot_counts(xp, xd, yd, size["max_iter"]), size["repeat"])
             out[f"mandelbrot_{dtype}"] = iterations / seconds / 1e9  # Giter/s
+        if dev.is_gpu:
+            out.update(_transfer_rates(dev, size["copy_bytes"], size["repeat"]))
     if dev.is_gpu:
         xp.get_default_memory_pool().free_all_blocks()
     return out
+
+
+def _transfer_rates(dev: Device, nbytes: int, repeat: int) -> dict[str, float]:
+    """GB/s of pinned host->device and device->host copies, and of copies to each peer.
+
+    ``peer`` is the slowest of this GPU's peers (what a tile move can count on); the
+    worker sees every GPU of its node, its own as device 0. Absent with no peer access.
+    """
+    import cupy
+    import cupyx
+
+    out: dict[str, float] = {}
+    stream = dev.stream
+    src = cupy.empty(nbytes, dtype=cupy.uint8)
+    host = cupyx.empty_pinned(nbytes, dtype=np.uint8)
+    out["h2d_pinned"] = nbytes / _median(dev, lambda: src.set(host, stream=stream), repeat) / 1e9
+    out["d2h_pinned"] = nbytes / _median(dev, lambda: src.get(stream=stream, out=host), repeat) / 1e9
+    del host
+    rates = []
+    for peer in range(1, cupy.cuda.runtime.getDeviceCount()):
+        if not cupy.cuda.runtime.deviceCanAccessPeer(0, peer):
+            continue
+        _enable_peer_access(peer)
+        with cupy.cuda.Device(peer):
+            dst = cupy.empty(nbytes, dtype=cupy.uint8)
+        copy = lambda: cupy.cuda.runtime.memcpyPeerAsync(  # noqa: E731
+            dst.data.ptr, peer, src.data.ptr, 0, nbytes, stream.ptr)
+        rates.append(nbytes / _median(dev, copy, repeat) / 1e9)
+        del dst
+    if rates:
+        out["peer"] = min(rates)
+    return out
+
+
+def _enable_peer_access(peer: int) -> None:
+    """Let this process's device 0 reach ``peer`` directly (NVLink or PCIe P2P)."""
+    import cupy
+
+    try:
+        cupy.cuda.runtime.deviceEnablePeerAccess(peer)
+    except cupy.cuda.runtime.CUDARuntimeError as e:
+        if "PeerAccessAlreadyEnabled" not in str(e):
+            raise
 
 
 def _cache_path() -> Path:
@@ -88,9 +133,13 @@ def _cache_path() -> Path:
     return Path(folder) / "ceilings.json"
 
 
+# Bump when measure_ceilings measures something new, so older cached entries are redone.
+_MEASURES = 2
+
+
 def _cache_key(facts: DeviceFacts, versions: dict[str, str]) -> str:
     name = facts.name if facts.backend == "cuda" else f"{platform.processor() or platform.machine()}"
-    return "|".join([facts.backend, name, f"{facts.memory >> 30}GiB"] + [f"{k}={v}" for k, v in sorted(versions.items())])
+    return "|".join([f"v{_MEASURES}", facts.backend, name, f"{facts.memory >> 30}GiB"] + [f"{k}={v}" for k, v in sorted(versions.items())])
 
 
 def _software() -> dict[str, str]:

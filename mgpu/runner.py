@@ -9,14 +9,18 @@ from __future__ import annotations
 import time
 import uuid
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from distributed import as_completed
 
+from . import alloc_stats
 from . import device as _device
 from .cluster import ClusterInfo, open_cluster, resolve_cluster
 from .errors import JobFailed
-from .planner import Plan, Tile, check_tiling_keys
+from .panels import PanelRef
+from .panels import release as release_panels
+from .planner import Panel, Plan, Tile, check_tiling_keys
 from .results import Result, build_result
 from .roofline import ceilings_for
 from .spec import Job
@@ -25,8 +29,8 @@ from .workloads.base import TileRecord, Workload
 
 __all__ = ["run_job", "run_plan"]
 
-# Tiles queued on each worker under dynamic placement: one running, one ready behind it.
-_DYNAMIC_DEPTH = 2
+# Tiles queued on each worker under dynamic placement, beyond those running at once.
+_DYNAMIC_AHEAD = 1
 
 
 class Events:
@@ -42,10 +46,14 @@ class Events:
         """The job is done and its cluster still up (``submit --keep-open`` waits here)."""
 
 
-def _run_tile(workload: Workload, tile: Tile) -> TileRecord:
+def _make_panel(workload: Workload, panel: Panel, token: str) -> PanelRef:
+    return workload.make_panel(_device.current(), panel, token)
+
+
+def _run_tile(workload: Workload, tile: Tile, panels: dict[str, PanelRef] | None = None) -> TileRecord:
     dev = _device.current()
     h2d, d2h, (events, spilled) = dev.bytes_h2d, dev.bytes_d2h, dev.spill_counts()
-    record = workload.run_tile(dev, tile)
+    record = workload.run_tile(dev, tile, panels) if panels else workload.run_tile(dev, tile)
     record.bytes_h2d, record.bytes_d2h = dev.bytes_h2d - h2d, dev.bytes_d2h - d2h
     now_events, now_spilled = dev.spill_counts()
     record.spill_events, record.spill_bytes = now_events - events, now_spilled - spilled
@@ -56,20 +64,23 @@ def _warmup(workload: Workload) -> None:
     workload.warmup(_device.current())
 
 
-def warm_up(client: Any, workload: Workload, workers: list[str]) -> None:
+def warm_up(client: Any, workload: Workload, workers: list[str], resources: dict[str, float] | None = None) -> None:
     """Run each worker's warm-up once before the timed tiles (compiles kernels, makes handles)."""
     futures = [client.submit(_warmup, workload, key=f"{workload.name}-warmup-{i}-{uuid.uuid4().hex[:6]}",
-                             workers=[w], allow_other_workers=False, pure=False) for i, w in enumerate(workers)]
+                             workers=[w], allow_other_workers=False, pure=False, resources=resources)
+               for i, w in enumerate(workers)]
     client.gather(futures)
 
 
 def run_plan(
-    client: Any, workload: Workload, plan: Plan, on_done: Callable[[TileRecord], None] = lambda r: None
+    client: Any, workload: Workload, plan: Plan, on_done: Callable[[TileRecord], None] = lambda r: None,
+    resources: dict[str, float] | None = None,
 ) -> list[TileRecord]:
     """Submit every tile where the plan places it and gather the records.
 
     Static tiles go to their worker; dynamic ones are fed to whichever worker has room,
-    ``_DYNAMIC_DEPTH`` at a time, so fast workers take more.
+    as many as run at once plus ``_DYNAMIC_AHEAD``, so fast workers take more.
+    ``resources`` is what each tile task asks of its worker (see ClusterInfo.tile_resources).
 
     Raises
     ------
@@ -78,11 +89,18 @@ def run_plan(
     """
     token = uuid.uuid4().hex[:6]
     prefix = f"{workload.name}-tile"
+    # Panels first, each on its worker; a tile waits for the panels it reads.
+    panel_futures = {
+        p.name: client.submit(_make_panel, workload, p, token, key=f"{workload.name}-panel-{p.name}-{token}",
+                              workers=[p.worker], allow_other_workers=False, pure=False, resources=resources)
+        for p in plan.panels
+    }
 
     def submit(tile: Tile, worker: str | None) -> Any:
+        needs = {name: panel_futures[name] for name in tile.needs}
         fut = client.submit(
-            _run_tile, workload, tile, key=f"{prefix}-{tile.index}-{token}",
-            workers=[worker] if worker else None, allow_other_workers=False, pure=False,
+            _run_tile, workload, tile, needs or None, key=f"{prefix}-{tile.index}-{token}",
+            workers=[worker] if worker else None, allow_other_workers=False, pure=False, resources=resources,
         )
         fut.mgpu_worker = worker
         return fut
@@ -94,7 +112,8 @@ def run_plan(
     else:
         pending.extend(plan.tiles)
         workers = list(client.scheduler_info(n_workers=-1)["workers"])
-        futures = [submit(pending.popleft(), w) for _ in range(_DYNAMIC_DEPTH) for w in workers if pending]
+        depth = workload.concurrency + _DYNAMIC_AHEAD
+        futures = [submit(pending.popleft(), w) for _ in range(depth) for w in workers if pending]
     stream = as_completed(futures)
     try:
         for fut in stream:
@@ -109,6 +128,9 @@ def run_plan(
     finally:
         client.cancel([f for f in futures if not f.done()])
         stream.clear()
+        if panel_futures:
+            client.cancel(list(panel_futures.values()))
+            client.run(release_panels, token)  # every tile has ended: no peer still reads them
     return records
 
 
@@ -137,12 +159,19 @@ def run_job(job: Job, events: Events | None = None) -> Result:
         with open_cluster(resolved) as info:
             events.cluster_ready(info)
             ceilings = ceilings_for(info.client, info.devices)
-            plan = workload.plan(info.devices, info.budget(), tiling, spill=info.spills)
+            sharing = workload.concurrency if info.slots else 1  # tiles on one device at once
+            plan = workload.plan(info.devices, info.budget() // sharing, tiling, spill=info.spills)
             events.planned(plan)
             for sink in sinks:
                 sink.create()
-            warm_up(info.client, workload, list(info.devices))
-            records = run_plan(info.client, workload, plan, events.tile_done)
+            resources = info.tile_resources(workload.concurrency)
+            alloc_stats.begin_job(info.client, list(info.devices))
+            warm_up(info.client, workload, list(info.devices), resources)
+            with ThreadPoolExecutor(1, thread_name_prefix="mgpu-reference") as pool:
+                reference = pool.submit(workload.reference, plan) if job.verify else None
+                records = run_plan(info.client, workload, plan, events.tile_done, resources)
+                if reference is not None:
+                    workload.judge(records, reference.result())
             passed = all(r.verify_ok for r in records) if job.verify else None
             outputs: list[str] = []
             if passed is not False:
@@ -150,9 +179,10 @@ def run_job(job: Job, events: Events | None = None) -> Result:
                 for sink in sinks:
                     sink.commit()
                 outputs = [s.path for s in sinks if s.keep] + outputs
+            allocators = alloc_stats.end_job(info.client, list(info.devices))
             wall = time.perf_counter() - t0
             result = build_result(job, workload, info, plan, records, wall_s=wall, outputs=outputs,
-                                  ceilings=ceilings)
+                                  ceilings=ceilings, allocators=allocators)
             events.finished(info, result)
             return result
     finally:

@@ -37,7 +37,12 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-@pytest.mark.parametrize("rows,cols,total", [((0, 1), (0, 1), 1), ((3, 17), (5, 1000), 1013), ((100, 613), (0, 997), 997)])
+@pytest.mark.parametrize("rows,cols,total", [
+    ((0, 1), (0, 1), 1),
+    ((3, 17), (5, 1000), 1013),  # a block inside the operand: the 32-bit division path
+    ((100, 613), (0, 997), 997),  # full width: no division
+    ((4, 5), (7, 70_000), 80_000),  # one row of the operand
+])
 def test_random_block_is_bit_identical_on_gpu(dtype, rows, cols, total):
     kw = dict(seed=7, operand=1, rows=rows, cols=cols, total_cols=total, dtype=dtype)
     cpu = kernels.random_block(np, **kw)
@@ -66,6 +71,32 @@ def test_dot_kernel_accumulates_in_float64(dtype, n, offset):
     got = kernels.dot_f64(cupy, cupy.asarray(x)[offset:], cupy.asarray(y)[offset:])
     scale = float(np.abs(x[offset:].astype(np.float64) * y[offset:]).sum())
     assert abs(got - want) <= 1e-13 * scale
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (5, 4099), (3001, 517), (64, 1 << 17)])
+def test_matvec_f64_kernel_matches_numpy(dtype, rows, cols):
+    rng = np.random.default_rng(rows * cols)
+    m = rng.standard_normal((rows, cols)).astype(dtype)
+    v = rng.standard_normal(cols)
+    want = m.astype(np.float64) @ v
+    got = cupy.asnumpy(kernels.matvec_f64(cupy, cupy.asarray(m), cupy.asarray(v)))
+    scale = np.abs(m.astype(np.float64)) @ np.abs(v)
+    assert (np.abs(got - want) <= 1e-13 * scale + 1e-300).all()
+    # A strided view is read correctly too (made contiguous first).
+    view = cupy.asarray(m)[:, ::2]
+    got = cupy.asnumpy(kernels.matvec_f64(cupy, view, cupy.asarray(v[::2])))
+    np.testing.assert_allclose(got, m[:, ::2].astype(np.float64) @ v[::2], rtol=1e-12, atol=1e-12 * scale.max())
+
+
+@pytest.mark.parametrize("n", [1, 1000, 10_000_019])
+def test_dot_check_sums_products_and_their_magnitudes(n):
+    rng = np.random.default_rng(n)
+    x, y = rng.standard_normal(n).astype("float32"), rng.standard_normal(n).astype("float32")
+    p = x.astype(np.float64) * y.astype(np.float64)
+    s, a = kernels.dot_check(cupy, cupy.asarray(x), cupy.asarray(y))
+    assert abs(s - p.sum()) <= 1e-13 * np.abs(p).sum()
+    assert a == pytest.approx(np.abs(p).sum(), rel=1e-13)
 
 
 def _job(workload: str, params: dict, **cluster) -> dict:
@@ -103,6 +134,23 @@ def test_tf32_is_really_used(tmp_path):
     assert tf32.verify.max_rel_error > 50 * exact.verify.max_rel_error
 
 
+def test_tf32_reaches_the_gemm_that_accumulates_k_blocks():
+    from mgpu.plugins import _cuda_device
+    from mgpu.workloads.matmul import _gemm_accumulate, _tf32
+
+    dev = _cuda_device()
+    a = kernels.random_block(cupy, seed=1, operand=0, rows=(0, 1024), cols=(0, 1024), total_cols=1024, dtype="float32")
+    b = kernels.random_block(cupy, seed=1, operand=1, rows=(0, 1024), cols=(0, 1024), total_cols=1024, dtype="float32")
+    ref = cupy.asnumpy(a).astype(np.float64) @ cupy.asnumpy(b).astype(np.float64)
+    errors = {}
+    for tf32 in (False, True):
+        c = cupy.zeros((1024, 1024), dtype=cupy.float32)  # given c, the product goes through cublas gemm
+        with _tf32(dev, tf32):
+            c = _gemm_accumulate(cupy, a, b, c)
+        errors[tf32] = np.abs(cupy.asnumpy(c) - ref).max() / np.abs(ref).max()
+    assert errors[True] > 50 * errors[False]
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_dot_on_cuda_cluster(dtype):
     n = 10_000_019
@@ -131,6 +179,33 @@ def test_tiles_spread_over_both_gpus():
     assert all(d.tiles >= 1 and d.busy_s > 0 for d in result.per_device)
 
 
+@multi_gpu(2)
+@pytest.mark.parametrize("allocator", ["pool", "async"])
+def test_distributed_operands_move_between_gpus_over_nvlink(tmp_path, allocator):
+    m, n, k = 3000, 2050, 9000  # k spans several peer blocks
+    out = tmp_path / "c.npy"
+    params = {"m": m, "n": n, "k": k, "dtype": "float32", "seed": 4, "operands": "distributed", "output": str(out)}
+    result = run_job(validate_job(_job("matmul", params, devices=[0, 1], allocator=allocator)))
+    assert result.status == "ok" and result.verify.passed
+    assert sorted(d.tiles for d in result.per_device) == [2, 2]
+    # Each GPU read the other's B panel once, peer to peer, and timed it.
+    for d in result.per_device:
+        assert d.bytes_d2d == k * (n // 2) * 4
+        assert d.d2d_gbps and d.d2d_gbps > 0
+    a = kernels.random_block(np, seed=4, operand=0, rows=(0, m), cols=(0, k), total_cols=k, dtype="float32")
+    b = kernels.random_block(np, seed=4, operand=1, rows=(0, k), cols=(0, n), total_cols=n, dtype="float32")
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.abs(np.load(out) - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+@multi_gpu(2)
+def test_a_corrupted_peer_tile_is_caught(monkeypatch):
+    monkeypatch.setenv("DASK_MGPU__TESTING__CORRUPT_TILE", "1")  # tile 1: GPU 0's peer-fed tile
+    params = {"m": 2048, "n": 2048, "k": 5000, "operands": "distributed"}
+    result = run_job(validate_job(_job("matmul", params, devices=[0, 1])))
+    assert result.status == "failed" and result.verify.failed_tiles == [1]
+
+
 @pytest.mark.parametrize("allocator", ["pool", "async"])
 def test_spill_to_managed_memory_finishes_a_tile_bigger_than_the_budget(allocator):
     # A 1 GB cap and a tile that needs ~1.8 GB: what spills stays far below the card's free memory.
@@ -152,3 +227,114 @@ def test_within_budget_nothing_spills():
     result = run_job(validate_job(_job("matmul", {"m": 2048, "n": 2048, "k": 2048}, devices=[0],
                                        memory_limit="4GB", spill="managed")))
     assert result.verify.passed and result.spill.events == 0 and result.spill.bytes == 0
+
+
+# -- allocator statistics ----------------------------------------------------------------
+
+
+def test_cupy_allocations_reach_the_statistics_adaptor():
+    # In this process, the way dask-cuda sets a worker up: an RMM pool, CuPy on RMM; then mgpu's plugin.
+    import rmm
+    from rmm.allocators.cupy import rmm_cupy_allocator
+
+    from mgpu import device as _device
+    from mgpu.alloc_stats import AllocatorStats
+
+    old_mr, old_alloc, old_dev = rmm.mr.get_current_device_resource(), cupy.cuda.get_allocator(), _device._CURRENT
+    try:
+        rmm.mr.set_current_device_resource(rmm.mr.PoolMemoryResource(
+            rmm.mr.CudaMemoryResource(), initial_pool_size=256 << 20, maximum_pool_size=256 << 20))
+        cupy.cuda.set_allocator(rmm_cupy_allocator)
+        facts = _device.DeviceFacts("cuda", 0, "gpu", 1 << 30, 1 << 30, "host")
+        dev = _device.Device("cuda", cupy, facts)
+        _device.install(dev)
+        AllocatorStats().setup()
+        assert isinstance(rmm.mr.get_current_device_resource(), rmm.mr.StatisticsResourceAdaptor)
+        tracker = dev.extra["allocator"]
+        tracker.begin()
+        x = cupy.zeros(1 << 20, dtype=cupy.uint8)
+        y = cupy.ones(2 << 20, dtype=cupy.uint8)
+        del x, y
+        got = tracker.end()
+        assert got["kind"] == "pool" and got["pool_size"] == 256 << 20
+        assert got["total_count"] >= 2 and got["peak_bytes"] >= 3 << 20 and got["peak_count"] >= 2
+        assert got["current_bytes"] < 1 << 20  # both freed
+    finally:
+        cupy.cuda.set_allocator(old_alloc)
+        rmm.mr.set_current_device_resource(old_mr)
+        _device._CURRENT = old_dev
+
+
+def test_pool_statistics_cover_the_job_within_the_budget():
+    params = {"m": 4096, "n": 4096, "k": 4096, "dtype": "float32", "seed": 4}
+    result = run_job(validate_job(_job("matmul", params, devices=[0], allocator="pool", memory_limit="2GB")))
+    assert result.status == "ok" and result.verify.passed
+    (row,) = result.per_device
+    a = row.allocator
+    budget = result.plan["budget"]
+    assert a is not None and a.kind == "pool"
+    # dask-cuda made the pool of the budget (aligned to 256 bytes), and it did not grow.
+    assert abs(a.pool_size - budget) <= 256
+    # A tile holds its A and B blocks and its C tile at once: the peak is at least that.
+    t = result.plan["tile_shape"]
+    held = 4 * (t["m"] * t["k"] + t["k"] * t["n"] + t["m"] * t["n"])
+    assert held <= a.peak_bytes <= budget
+    assert row.peak_memory == a.peak_bytes
+    assert a.total_count > 0 and a.peak_count >= 3 and a.total_bytes >= held
+
+
+def test_async_statistics_say_async_and_count_allocations():
+    result = run_job(validate_job(_job("matmul", {"m": 2048, "n": 2048, "k": 2048}, devices=[0], allocator="async")))
+    (row,) = result.per_device
+    assert row.allocator.kind == "async" and row.allocator.pool_size is None
+    assert row.allocator.total_count > 0 and row.allocator.peak_bytes >= 3 * 4 * 2048 * 2048
+
+
+def test_statistics_see_spilled_allocations_too():
+    # As in the spill test above: a 1 GB cap, a tile of ~1.8 GB; the adaptor sits above the fallback.
+    params = {"m": 12288, "n": 12288, "k": 12288, "dtype": "float32", "seed": 2}
+    doc = _job("matmul", params, devices=[0], allocator="pool", memory_limit="1GB", spill="managed")
+    doc["tiling"] = {"m": 12288, "n": 12288, "k": 12288}
+    result = run_job(validate_job(doc))
+    (row,) = result.per_device
+    assert result.spill.events >= 1
+    assert row.allocator.kind == "pool" and row.allocator.peak_bytes > result.plan["budget"]
+
+
+def test_default_allocator_reports_cupys_pool_and_no_counts():
+    result = run_job(validate_job(_job("matmul", {"m": 1024, "n": 1024, "k": 1024}, devices=[0],
+                                       allocator="default")))
+    (row,) = result.per_device
+    assert row.allocator.kind == "default" and row.allocator.pool_size > 0
+    assert row.allocator.peak_bytes is None and row.allocator.total_count is None
+
+
+# -- mgpu bench alloc ----------------------------------------------------------------------
+
+
+def test_bench_alloc_reports_every_allocator_and_the_fallback_path_falls_back(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from pathlib import Path
+
+    out = tmp_path / "alloc.json"
+    proc = subprocess.run([sys.executable, "-m", "mgpu", "bench", "alloc", "--sizes", "1MiB,64MiB",
+                           "--iterations", "5", "--repeats", "2", "--json", str(out)],
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    from mgpu.bench_alloc import ALLOCATORS
+
+    assert data["managed_limit"] <= data["device"]["free"] // 16
+    rows = {(r["allocator"], r["size"]): r for r in data["rows"]}
+    assert set(rows) == {(a, s) for a in ALLOCATORS for s in (1 << 20, 64 << 20)}
+    for r in rows.values():
+        assert r["skipped"] is None and len(r["samples_us"]) == 2 and r["us"] > 0 and r["vs_cudamalloc"] > 0
+    for size in (1 << 20, 64 << 20):
+        # The capped pool refused every buffer, and managed memory took each one.
+        assert rows[("fallback-spill", size)]["fallback_events"] == (2 + 1) * 5
+        assert rows[("fallback", size)]["fallback_events"] == 0
+    assert set(data["fallback_overhead_us"]) == {str(1 << 20), str(64 << 20)}
+    assert "cudaMalloc" in proc.stdout and "spill fallback wrapper" in proc.stdout

@@ -30,6 +30,9 @@ def _submit(tmp_path: Path, scheduler: str, doc: dict[str, Any], *extra: Any) ->
     assert sum(d["tiles"] for d in data["per_device"]) == data["plan"]["tiles"]
     assert {d["id"] for d in data["per_device"]} <= {d["id"] for d in data["devices"]}
     assert len(data["devices"]) == 2
+    # CPU workers measure no allocator: each row says numpy, with null figures, not zeros.
+    assert all(d["allocator"]["kind"] == "numpy" and d["allocator"]["peak_bytes"] is None
+               and d["allocator"]["total_count"] is None for d in data["per_device"])
     if data["plan"]["tiles"] >= 2:  # static runs split evenly; dynamic runs seed every worker
         assert sorted(d["id"] for d in data["per_device"]) == [0, 1]
         assert all(d["tiles"] >= 1 for d in data["per_device"])
@@ -81,7 +84,7 @@ def test_matmul_random_matches_numpy(tmp_path, scheduler, m, n, k, dtype, tiling
     data = _submit(tmp_path, scheduler, doc)
     want_dtype = dtype or "float32"
     assert data["job"]["params"] == {"m": m, "n": n, "k": k, "dtype": want_dtype, "precision": "default",
-                                     "seed": 5, "input": "random", "output": str(out)}
+                                     "seed": 5, "input": "random", "output": str(out), "operands": "per-tile"}
     assert data["outputs"] == [str(out)]
     assert data["value"] is None and data["throughput"]["unit"] == "TFLOP/s"
     assert data["verify"]["method"] == "freivalds"
@@ -267,3 +270,65 @@ def test_mandelbrot_without_output_checks_and_reports(tmp_path, scheduler):
     assert data["job"]["params"]["output"] is None
     assert data["verify"]["method"].startswith("cpu reference")
     assert data["throughput"]["value"] > 0
+
+
+def _panels_held(dask_worker: Any = None) -> int:
+    from mgpu import panels
+
+    return sum(len(v) for v in panels._STORE.values())
+
+
+def test_matmul_distributed_operands(tmp_path, scheduler, cluster):
+    """Panels made once per worker, tiles placed with their A panel, the same C as per-tile."""
+    m, n, k = 45, 38, 29
+    out = tmp_path / "c.npy"
+    doc = {"workload": "matmul", "params": {"m": m, "n": n, "k": k, "seed": 3, "dtype": "float64",
+                                           "operands": "distributed", "output": str(out)}}
+    data = _submit(tmp_path, scheduler, doc)
+    # Two workers: A in two row panels, B in two column panels, so 2 x 2 tiles, two per worker.
+    assert data["plan"]["tiles"] == 4
+    assert data["plan"]["tile_shape"] == {"m": 23, "n": 19, "k": k}
+    assert sorted(d["tiles"] for d in data["per_device"]) == [2, 2]
+    # CPU workers have no peer path: the B panel another worker holds is made again, not moved.
+    assert all(d["bytes_d2d"] == 0 for d in data["per_device"])
+    c = np.load(out)
+    a, b = _random(3, 0, m, k, "float64"), _random(3, 1, k, n, "float64")
+    _assert_matmul_close(c, a, b)
+    # The panels were released on every worker once the tiles ended.
+    from distributed import Client
+
+    with Client(scheduler) as client:
+        assert set(client.run(_panels_held).values()) == {0}
+
+
+def test_distributed_plan_places_tiles_with_their_panels():
+    from mgpu.device import DeviceFacts
+    from mgpu.workloads.matmul import Matmul, MatmulParams
+
+    facts = {f"w{i}": DeviceFacts("cpu", i, "cpu", 1 << 30, 1 << 30, "h") for i in range(3)}
+    wl = Matmul(MatmulParams(m=30, n=31, k=1000, operands="distributed"))
+    plan = wl.plan(facts, 1 << 30, {})
+    assert [(p.name, p.worker) for p in plan.panels] == [
+        ("a0", "w0"), ("a1", "w1"), ("a2", "w2"), ("b0", "w0"), ("b1", "w1"), ("b2", "w2")]
+    panels = {p.name: p for p in plan.panels}
+    assert len(plan.tiles) == 9
+    for w in facts:
+        mine = [t for t in plan.tiles if t.worker == w]
+        # A worker computes its row of tiles, starting with its own B panel's tile.
+        assert len(mine) == 3
+        assert panels[mine[0].needs[1]].worker == w
+        for t in mine:
+            a, b = (panels[name] for name in t.needs)
+            assert a.worker == w and t.bounds["m"] == a.bounds["m"] and t.bounds["n"] == b.bounds["n"]
+    covered = sorted((t.bounds["m"], t.bounds["n"]) for t in plan.tiles)
+    assert len(set(covered)) == 9
+
+
+def test_distributed_operands_that_cannot_fit_exit_2(tmp_path, scheduler):
+    doc = {"workload": "matmul", "params": {"m": 4000, "n": 4000, "k": 4000, "operands": "distributed"},
+           "cluster": {"memory_limit": "1MB", "spill": "none"}}
+    job = write_job(tmp_path / "job.yaml", doc)
+    res, _ = submit_json(job, tmp_path / "r.json", "--scheduler", scheduler)
+    assert res.code == 2, res.output
+    assert "Traceback" not in res.output
+    assert "cluster.memory_limit" in res.stderr and "operands: per-tile" in res.stderr

@@ -32,6 +32,8 @@ class TileRecord:
     work: float  # flops, bytes or iterations this tile did
     bytes_h2d: int = 0
     bytes_d2h: int = 0
+    bytes_d2d: int = 0  # received from another GPU, peer to peer
+    d2d_s: float = 0.0  # device time of those copies
     value: float | None = None
     spill_events: int = 0
     spill_bytes: int = 0
@@ -69,6 +71,8 @@ class Workload(ABC):
     # --weak`` grows with the device count unless the job's ``scale.grow`` says otherwise.
     size_params: ClassVar[tuple[str, ...]] = ()
     grow: ClassVar[tuple[str, ...]] = ()
+    # Tiles that may share one device at once (each gets 1/concurrency of the budget).
+    concurrency: ClassVar[int] = 1
 
     def __init__(self, params: BaseModel, *, verify: bool = True) -> None:
         self.params = params
@@ -96,6 +100,17 @@ class Workload(ABC):
         """The job's scalar answer from the tiles' records, where it has one."""
         return None
 
+    def reference(self, plan: Plan) -> Any:
+        """Check data made apart from the tiles, or None (the default: tiles check themselves).
+
+        Runs in a thread of the client while the tiles run, so a check that costs CPU time
+        (Mandelbrot's reference counts) never holds a GPU back.
+        """
+        return None
+
+    def judge(self, records: list[TileRecord], reference: Any) -> None:
+        """Complete the records' checks against ``reference``, once every tile has ended."""
+
     def finish(self, client: Any) -> list[str]:
         """Work after every tile passed (a worker renders a PNG, say); returns extra outputs."""
         return []
@@ -106,8 +121,15 @@ class Workload(ABC):
         handles so the first real tile is not charged for it."""
 
     @abstractmethod
-    def run_tile(self, dev: Device, tile: Tile) -> TileRecord:
-        """Compute, check and write one tile on this worker's device."""
+    def run_tile(self, dev: Device, tile: Tile, panels: dict[str, Any] | None = None) -> TileRecord:
+        """Compute, check and write one tile on this worker's device.
+
+        ``panels`` maps the names in ``tile.needs`` to :class:`~mgpu.panels.PanelRef`.
+        """
+
+    def make_panel(self, dev: Device, panel: Any, token: str) -> Any:
+        """Make ``panel`` (a :class:`~mgpu.planner.Panel` the plan named) on this worker."""
+        raise NotImplementedError(f"{self.name} plans no panels")
 
     # -- helpers -------------------------------------------------------------------
     @staticmethod

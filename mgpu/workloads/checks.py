@@ -1,4 +1,4 @@
-"""Verification arithmetic shared by the workloads: float64 products in bounded pieces."""
+"""Verification arithmetic shared by the workloads."""
 
 from __future__ import annotations
 
@@ -6,21 +6,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["matvec_f64", "relative_residual", "unit_roundoff"]
-
-# float64 copies made for a check stay under this size, whatever the tile.
-_CHUNK_BYTES = 256 << 20
-
-
-def matvec_f64(xp: Any, m: Any, v: Any) -> Any:
-    """``m @ v`` in float64, casting ``m`` in row pieces so the copy stays small."""
-    rows = max(1, _CHUNK_BYTES // (8 * max(1, m.shape[1])))
-    if m.shape[0] <= rows:
-        return m.astype(xp.float64, copy=False) @ v
-    out = xp.empty(m.shape[0], dtype=xp.float64)
-    for i in range(0, m.shape[0], rows):
-        out[i : i + rows] = m[i : i + rows].astype(xp.float64) @ v
-    return out
+__all__ = ["relative_residual", "unit_roundoff"]
 
 
 def relative_residual(xp: Any, got: Any, want: Any) -> float:

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..device import Device, DeviceFacts
 from ..errors import JobInputError
-from ..kernels import dot_f64
+from ..kernels import dot_check, dot_f64
 from ..planner import Plan, Tile, assign_contiguous, split
 from ..sizes import format_bytes
 from ..sources import input_files, NpySource, RandomSource, inspect_npy
@@ -121,7 +121,7 @@ class Dot(Workload):
                 value += 1.0
             error = ok = None
             if self.verify:
-                want, scale = _reference(xp, x, y)
+                want, scale = dot_check(xp, x, y)
                 error = abs(value - want) / scale if scale else abs(value - want)
                 ok = error <= unit_roundoff("float64") * (16 + np.sqrt(hi - lo))
             dev.synchronize()
@@ -141,13 +141,3 @@ class Dot(Workload):
         # In tile order, so the answer does not depend on which chunk finished first.
         return float(sum(r.value for r in sorted(records, key=lambda r: r.index)))
 
-
-def _reference(xp: Any, x: Any, y: Any) -> tuple[float, float]:
-    """x·y and sum|x·y| by a different route: float64 products summed in pieces."""
-    total = scale = 0.0
-    step = 1 << 25
-    for s in range(0, x.shape[0], step):
-        prod = x[s : s + step].astype(xp.float64) * y[s : s + step].astype(xp.float64)
-        total += float(prod.sum())
-        scale += float(xp.abs(prod).sum())
-    return total, scale

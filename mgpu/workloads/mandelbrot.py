@@ -18,8 +18,8 @@ from .base import TileRecord, Workload, injected_fault
 
 __all__ = ["Mandelbrot", "MandelbrotParams", "render_png"]
 
-# Columns of each sampled row that the CPU recomputes: enough to catch a wrong tile,
-# few enough that the check never holds a GPU back.
+# Columns of each sampled row that the CPU recomputes: enough to catch a wrong tile; the
+# reference for all tiles is one NumPy pass on the client, beside the run.
 _CHECK_COLUMNS = 512
 _PNG_MAX_SIDE = 4096
 
@@ -73,6 +73,9 @@ class Mandelbrot(Workload):
     size_params = ("width", "height")
     grow = ("height",)  # more rows over the same window: the cost per row is kept
     verify_method = "cpu reference on sampled rows"
+    # Two bands per GPU at once: one band's CPU check runs while the other's kernel keeps
+    # the GPU busy (each thread has its own stream).
+    concurrency = 2
 
     def prepare(self, *, force: bool) -> None:
         p = self.params
@@ -99,33 +102,46 @@ class Mandelbrot(Workload):
         bytes_per_row = p.width * (4 + 2 * np.dtype(p.dtype).itemsize)
         return Plan(tiles, "dynamic", {"rows": rows, "cols": p.width}, rows * bytes_per_row, budget)
 
-    def run_tile(self, dev: Device, tile: Tile) -> TileRecord:
+    def run_tile(self, dev: Device, tile: Tile, panels: Any = None) -> TileRecord:
         p = self.params
         start = time.time()
         r0, r1 = tile.bounds["rows"]
         bounds = (p.xmin, p.xmax, p.ymin, p.ymax)
         x, y = mandelbrot_axes(width=p.width, height=p.height, bounds=bounds, rows=(r0, r1), dtype=p.dtype)
+        record = self.new_record(dev, tile, start, busy_s=0.0, work=0.0)
         with dev.on_stream():
             xd, yd = dev.to_device(x), dev.to_device(y)
             with dev.timer() as t:
                 counts = mandelbrot_counts(dev.xp, xd, yd, p.max_iter)
-            # The CPU reference runs while the GPU computes the band.
-            sample = self._sample(x, y, tile) if self.verify else None
-            iterations = float(counts.sum(dtype=np.int64))
+            record.work = float(counts.sum(dtype=np.int64))
             if injected_fault(self.name, tile):
                 counts[0, 0] += 1
-            error = ok = None
-            if sample is not None:
-                rows, cols, want = sample
-                got = dev.to_host(counts[rows][:, cols])
-                error = float(np.mean(got != want))
-                ok = error == 0.0
+            if self.verify:  # the sampled counts; judge() sets them against the reference
+                rows, cols = _sample(tile, p.width)
+                record.extra["sample"] = dev.to_host(counts[[r - r0 for r in rows]][:, cols])
             if "counts" in self.sinks:
                 self.sinks["counts"].write((slice(r0, r1), slice(None)), dev.to_host(counts))
             dev.synchronize()
-        return self.new_record(
-            dev, tile, start, busy_s=t.seconds, work=iterations, verify_error=error, verify_ok=ok
-        )
+        record.busy_s, record.stop = t.seconds, time.time()
+        return record
+
+    def reference(self, plan: Plan) -> dict[int, np.ndarray]:
+        """NumPy counts of every tile's sampled pixels, in one pass over all of them."""
+        p = self.params
+        samples = {t.index: _sample(t, p.width) for t in plan.tiles}
+        rows = sorted({r for rs, _ in samples.values() for r in rs})
+        cols = next(iter(samples.values()))[1] if samples else np.arange(0)
+        x, y = mandelbrot_axes(width=p.width, height=p.height, bounds=(p.xmin, p.xmax, p.ymin, p.ymax),
+                               rows=(0, p.height), dtype=p.dtype)
+        counts = mandelbrot_counts(np, x[cols], y[rows], p.max_iter)
+        where = {r: i for i, r in enumerate(rows)}
+        return {index: counts[[where[r] for r in rs]] for index, (rs, _) in samples.items()}
+
+    def judge(self, records: list[TileRecord], reference: dict[int, np.ndarray]) -> None:
+        for record in records:
+            got = record.extra.pop("sample")
+            record.verify_error = float(np.mean(got != reference[record.index]))
+            record.verify_ok = record.verify_error == 0.0
 
     def ceiling(self) -> str:
         return f"mandelbrot_{self.params.dtype}"
@@ -134,18 +150,6 @@ class Mandelbrot(Workload):
         small = Mandelbrot(self.params.model_copy(update={"width": 64, "height": 8, "output": None}), verify=False)
         small.run_tile(dev, Tile(-1, {"rows": (0, 8)}))
 
-    def _sample(self, x: np.ndarray, y: np.ndarray, tile: Tile) -> tuple[list[int], np.ndarray, np.ndarray]:
-        """The pixels checked and their NumPy reference counts.
-
-        The band's first row and one more that varies by tile, over evenly spaced columns
-        (column 0 always among them); a tile passes when every sampled count matches.
-        """
-        h = y.shape[0]
-        rows = sorted({0, (tile.index * 7919) % h})
-        stride = max(1, math.ceil(x.shape[0] / _CHECK_COLUMNS))
-        cols = np.arange(0, x.shape[0], stride)
-        return rows, cols, mandelbrot_counts(np, x[cols], y[rows], self.params.max_iter)
-
     def finish(self, client: Any) -> list[str]:
         png = getattr(self, "png_path", None)
         if not png:
@@ -153,6 +157,18 @@ class Mandelbrot(Workload):
         sink = self.sinks["counts"]
         client.submit(render_png, sink.partial, png, self.params.max_iter, key=f"mandelbrot-png-{os.getpid()}-{time.time_ns()}").result()
         return [png]
+
+
+def _sample(tile: Tile, width: int) -> tuple[list[int], np.ndarray]:
+    """The pixels of a band that are checked: rows (of the image) and columns.
+
+    The band's first row and one more that varies by tile, over evenly spaced columns
+    (column 0 always among them); a tile passes when every sampled count matches.
+    """
+    r0, r1 = tile.bounds["rows"]
+    rows = sorted({r0, r0 + (tile.index * 7919) % (r1 - r0)})
+    stride = max(1, math.ceil(width / _CHECK_COLUMNS))
+    return rows, np.arange(0, width, stride)
 
 
 def render_png(counts_path: str, png_path: str, max_iter: int) -> None:

@@ -10,12 +10,23 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..device import Device, DeviceFacts
-from ..planner import Plan, Tile, assign_contiguous, choose_matmul_tiles, matmul_working_set, split_by_size
+from ..errors import JobInputError
+from ..panels import PanelRef, RemotePanel, copy_rows, enable_all_peers, peer_ordinal, publish, resident
+from ..planner import Panel, Plan, Tile, assign_contiguous, choose_matmul_tiles, matmul_working_set, split, split_by_size
+from ..sizes import format_bytes
 from ..sources import input_files, NpySink, NpySource, RandomSource, check_output_path, inspect_npy
 from .base import TileRecord, Workload, injected_fault
-from .checks import matvec_f64, relative_residual, unit_roundoff
+from ..kernels import matvec_f64
+from .checks import relative_residual, unit_roundoff
 
 __all__ = ["Matmul", "MatmulParams"]
+
+_WARMUP_SIDE = 4096
+# cublasMath_t's value (cuBLAS 11+); CuPy's cublas module does not name it.
+_CUBLAS_TF32_TENSOR_OP_MATH = 3
+# Rows of a peer's B panel per copy: small enough to start computing soon, large enough
+# that each gemm stays efficient.
+_PEER_BLOCK = 4096
 
 
 class MatmulParams(BaseModel):
@@ -31,6 +42,10 @@ class MatmulParams(BaseModel):
     seed: int = Field(0, ge=0)
     input: Literal["random"] | dict[str, str] = "random"
     output: str | None = None
+    # per-tile: each tile makes the blocks of A and B it reads. distributed: A's row panels
+    # and B's column panels are made once, one of each per device, and a tile reads the B
+    # panel another GPU holds from that GPU directly (CUDA IPC over NVLink).
+    operands: Literal["per-tile", "distributed"] = "per-tile"
 
     @field_validator("input", mode="before")
     @classmethod
@@ -66,18 +81,27 @@ class MatmulParams(BaseModel):
 
 @contextlib.contextmanager
 def _tf32(dev: Device, enabled: bool) -> Iterator[None]:
-    """Let cuBLAS use TF32 tensor cores for float32 inside the block (what CUPY_TF32=1 does)."""
+    """Let cuBLAS use TF32 tensor cores for float32 inside the block.
+
+    Two switches: CuPy's compute type (what CUPY_TF32=1 sets) for ``matmul``, and the
+    cuBLAS handle's math mode for the ``gemm`` calls that accumulate k blocks.
+    """
     if not (enabled and dev.is_gpu):
         yield
         return
+    import cupy
     from cupy._core import _routines_linalg as linalg
+    from cupy_backends.cuda.libs import cublas
 
-    previous = linalg.get_compute_type(np.float32)
+    handle = cupy.cuda.device.get_cublas_handle()
+    previous = linalg.get_compute_type(np.float32), cublas.getMathMode(handle)
     linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
+    cublas.setMathMode(handle, _CUBLAS_TF32_TENSOR_OP_MATH)
     try:
         yield
     finally:
-        linalg.set_compute_type(np.float32, previous)
+        linalg.set_compute_type(np.float32, previous[0])
+        cublas.setMathMode(handle, previous[1])
 
 
 class Matmul(Workload):
@@ -95,6 +119,7 @@ class Matmul(Workload):
     def __init__(self, params: MatmulParams, *, verify: bool = True) -> None:
         super().__init__(params, verify=verify)
         self.tk = params.k
+        self.tile_shape = (64, 64, 64)  # set by plan(); the warm-up's size follows it
 
     def sources(self) -> tuple[Any, Any]:
         p = self.params
@@ -117,11 +142,14 @@ class Matmul(Workload):
     def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *,
              spill: bool = False) -> Plan:
         p = self.params
+        if p.operands == "distributed":
+            return self._plan_distributed(devices, budget, tiling, spill=spill)
         itemsize = np.dtype(p.dtype).itemsize
         tm, tn, tk = choose_matmul_tiles(
             p.m, p.n, p.k, itemsize, budget=budget, n_workers=len(devices), explicit=tiling, spill=spill
         )
         self.tk = tk
+        self.tile_shape = (tm, tn, tk)
         boxes = [(r, c) for r in split_by_size(p.m, tm) for c in split_by_size(p.n, tn)]
         owners = assign_contiguous(len(boxes), list(devices))
         tiles = [Tile(i, {"m": r, "n": c}, owners[i]) for i, (r, c) in enumerate(boxes)]
@@ -133,7 +161,143 @@ class Matmul(Workload):
             budget=budget,
         )
 
-    def run_tile(self, dev: Device, tile: Tile) -> TileRecord:
+    def _plan_distributed(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *,
+                          spill: bool) -> Plan:
+        """One A row panel and one B column panel per device; tile (i, j) runs where A_i is.
+
+        Each device computes its own row of tiles, its own B panel's tile first, so the
+        copies of the other panels overlap that first product.
+        """
+        p = self.params
+        if tiling:
+            raise JobInputError("tiling: not used with params.operands: distributed (the panels are "
+                                "one row of A and one column of B per device); remove tiling")
+        workers = list(devices)
+        w = len(workers)
+        rows, cols = split(p.m, w), split(p.n, w)
+        tm, tn = max(hi - lo for lo, hi in rows), max(hi - lo for lo, hi in cols)
+        kb = min(p.k, _PEER_BLOCK)
+        itemsize = np.dtype(p.dtype).itemsize
+        # Both panels, one C tile, two receive buffers and a contiguous block of A.
+        need = itemsize * (tm * p.k + p.k * tn + tm * tn + 2 * kb * tn + tm * kb) + 8 * (2 * p.k + tm + tn)
+        if need > budget and not spill:
+            raise JobInputError(
+                f"cluster.memory_limit: params.operands: distributed keeps {format_bytes(need)} per device "
+                f"(its A and B panels and one C tile) but the budget is {format_bytes(budget)}; use more "
+                "devices, a larger budget, or params.operands: per-tile"
+            )
+        self.tk = kb
+        self.tile_shape = (tm, tn, kb)
+        panels = [Panel(f"a{i}", "a", {"m": rows[i]}, workers[i]) for i in range(w)]
+        panels += [Panel(f"b{j}", "b", {"n": cols[j]}, workers[j]) for j in range(w)]
+        tiles = []
+        for i in range(w):
+            for step in range(w):
+                j = (i + step) % w
+                tiles.append(Tile(len(tiles), {"m": rows[i], "n": cols[j]}, workers[i], needs=(f"a{i}", f"b{j}")))
+        return Plan(tiles, "static", {"m": tm, "n": tn, "k": p.k}, need, budget, panels=panels,
+                    notes={"operands": "distributed"})
+
+    def make_panel(self, dev: Device, panel: Panel, token: str) -> PanelRef:
+        p = self.params
+        src_a, src_b = self.sources()
+        if panel.operand == "a":
+            r0, r1 = panel.bounds["m"]
+            shape, read = (r1 - r0, p.k), lambda: src_a.read(dev, (r0, r1), (0, p.k))
+        else:
+            c0, c1 = panel.bounds["n"]
+            shape, read = (p.k, c1 - c0), lambda: src_b.read(dev, (0, p.k), (c0, c1))
+        return publish(dev, token, panel.name, shape, p.dtype, lambda out: out.__setitem__(Ellipsis, read()))
+
+    def _run_panel_tile(self, dev: Device, tile: Tile, panels: dict[str, PanelRef]) -> TileRecord:
+        """Tile (i, j) from resident panels: A_i here, B_j here or on a peer GPU."""
+        p = self.params
+        xp = dev.xp
+        start = time.time()
+        (r0, r1), (c0, c1) = tile.bounds["m"], tile.bounds["n"]
+        ref_a, ref_b = (panels[name] for name in tile.needs)
+        src_a, src_b = self.sources()
+        a = resident(ref_a)
+        if a is None:  # only if a worker was replaced: A_i is made here again
+            a = src_a.read(dev, (r0, r1), (0, p.k))
+        b = resident(ref_b)
+        peer = peer_ordinal(ref_b) if b is None and dev.is_gpu else None
+        if b is None and peer is None:  # no peer path (other node, CPU): this worker makes B_j itself
+            b = src_b.read(dev, (0, p.k), (c0, c1))
+        r = RandomSource(p.seed, 2, (p.n,), "float64").read(dev, (c0, c1)) if self.verify else None
+        moved, moved_s = 0, 0.0
+        with dev.on_stream(), _tf32(dev, p.precision == "tf32"):
+            if b is not None:
+                with dev.timer() as t:
+                    c = xp.matmul(a, b)
+                busy = t.seconds
+                br = matvec_f64(xp, b, r) if r is not None else None
+            else:
+                c, busy, br, moved, moved_s = self._gemm_from_peer(dev, a, ref_b, r)
+            if injected_fault(self.name, tile):
+                c[0, 0] += 1
+            error = ok = None
+            if r is not None:
+                error = relative_residual(xp, matvec_f64(xp, c, r), matvec_f64(xp, a, br))
+                ok = error <= self.tolerance()
+            if "c" in self.sinks:
+                self.sinks["c"].write((slice(r0, r1), slice(c0, c1)), dev.to_host(c))
+            dev.synchronize()
+        record = self.new_record(dev, tile, start, busy_s=busy, work=2.0 * (r1 - r0) * (c1 - c0) * p.k,
+                                 verify_error=error, verify_ok=ok)
+        record.bytes_d2d, record.d2d_s = moved, moved_s
+        return record
+
+    def _gemm_from_peer(self, dev: Device, a: Any, ref: PanelRef, r: Any) -> tuple[Any, float, Any, int, float]:
+        """``a @ B`` with B on a peer GPU, copied in row blocks on the copy stream.
+
+        Two receive buffers: block i+1 crosses NVLink while block i is multiplied; events
+        order the streams (a copy waits until its buffer's previous block was used).
+        Returns (c, gemm seconds, B·r or None, bytes copied, copy seconds).
+        """
+        import cupy
+
+        k, tn = ref.shape
+        compute, copy = dev.stream, dev.copy_stream
+        blocks = split_by_size(k, self.tk)
+        bufs = [cupy.empty((self.tk, tn), dtype=ref.dtype) for _ in range(2)]
+        used: list[Any] = [None, None]
+        copies: list[tuple[Any, Any]] = []
+        br = cupy.empty(k, dtype=cupy.float64) if r is not None else None
+        timers, moved, c = [], 0, None
+        with RemotePanel(ref) as remote:
+            def enqueue(i: int) -> Any:
+                nonlocal moved
+                slot = i % 2
+                if used[slot] is not None:
+                    copy.wait_event(used[slot])
+                begin, end = cupy.cuda.Event(), cupy.cuda.Event()
+                begin.record(copy)
+                moved += copy_rows(bufs[slot], remote, blocks[i], copy)
+                end.record(copy)
+                copies.append((begin, end))
+                return end
+
+            arrived = enqueue(0)
+            for i, (k0, k1) in enumerate(blocks):
+                following = enqueue(i + 1) if i + 1 < len(blocks) else None
+                compute.wait_event(arrived)
+                block = bufs[i % 2][: k1 - k0]
+                a_block = cupy.ascontiguousarray(a[:, k0:k1])
+                with dev.timer() as t:
+                    c = _gemm_accumulate(cupy, a_block, block, c)
+                timers.append(t)
+                if br is not None:
+                    br[k0:k1] = matvec_f64(cupy, block, r)
+                used[i % 2] = compute.record()
+                arrived = following
+            compute.synchronize()  # every read of the peer's memory is done before closing it
+        moved_s = sum(cupy.cuda.get_elapsed_time(b, e) for b, e in copies) / 1e3
+        return c, sum(t.seconds for t in timers), br, moved, moved_s
+
+    def run_tile(self, dev: Device, tile: Tile, panels: dict[str, PanelRef] | None = None) -> TileRecord:
+        if panels:
+            return self._run_panel_tile(dev, tile, panels)
         p = self.params
         xp = dev.xp
         start = time.time()
@@ -173,9 +337,15 @@ class Matmul(Workload):
         return "gemm_tf32" if self.params.precision == "tf32" else f"gemm_{self.params.dtype}"
 
     def warmup(self, dev: Device) -> None:
-        p = self.params.model_copy(update={"m": 64, "n": 64, "k": 64, "input": "random", "output": None})
+        # Near the real tile's shape, so cuBLAS picks (and loads) the kernel the tiles use;
+        # a tiny product would leave that load, up to a few hundred ms, to the first tile.
+        m, n, k = (min(s, _WARMUP_SIDE) for s in self.tile_shape)
+        p = self.params.model_copy(update={"m": m, "n": n, "k": k, "input": "random", "output": None,
+                                           "operands": "per-tile"})
         small = Matmul(p, verify=True)
-        small.run_tile(dev, Tile(-1, {"m": (0, 64), "n": (0, 64)}))
+        small.run_tile(dev, Tile(-1, {"m": (0, m), "n": (0, n)}))
+        if self.params.operands == "distributed" and dev.is_gpu:
+            enable_all_peers()  # the first enable costs tens of ms; not a tile's to pay
 
     def tolerance(self) -> float:
         """How far C·r may be from A·(B·r), relative to max|A·(B·r)|.

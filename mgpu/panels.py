@@ -1,0 +1,149 @@
+"""Operand panels that stay on the worker that made them, and reach other GPUs directly.
+
+A panel task makes a block of an operand once (generated or read) and keeps it in its
+worker's memory; what goes back through Dask is a small :class:`PanelRef`. A tile task
+on another GPU of the same node opens the panel by CUDA IPC and copies it over NVLink
+(peer to peer, never through host memory) on a copy stream of its own, while its compute
+stream works on what has arrived. Where no peer path exists (another node, no peer
+access, or CPU workers) the tile makes its own copy from the operand's source instead:
+inputs are deterministic, so that copy is the same data.
+
+Panels live in plain ``cudaMalloc`` memory, outside the RMM pool: IPC handles name a
+whole allocation, which a pool's sub-allocations are not.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["PanelRef", "RemotePanel", "copy_rows", "enable_all_peers", "peer_ordinal", "publish", "release", "resident"]
+
+_STORE: dict[str, dict[str, Any]] = {}  # job token -> panel name -> array
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class PanelRef:
+    """Where a panel lives; small enough to pass through the scheduler."""
+
+    token: str
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    host: str
+    pid: int
+    gpu_uuid: bytes | None = None  # the owner's GPU; None on CPU workers
+    ipc_handle: bytes | None = None
+
+
+def _uuid(ordinal: int) -> bytes:
+    import cupy
+
+    return bytes(cupy.cuda.runtime.getDeviceProperties(ordinal)["uuid"])
+
+
+def publish(dev: Any, token: str, name: str, shape: tuple[int, ...], dtype: str, fill: Any) -> PanelRef:
+    """Make a panel with ``fill(out)`` (``out`` a fresh array to fill) and keep it here."""
+    if dev.is_gpu:
+        import cupy
+
+        nbytes = max(1, int(cupy.dtype(dtype).itemsize * _size(shape)))
+        memory = cupy.cuda.memory.Memory(nbytes)  # cudaMalloc: its own IPC-able allocation
+        arr = cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(memory, 0))
+        with dev.on_stream():
+            fill(arr)
+        dev.synchronize()
+        handle = bytes(cupy.cuda.runtime.ipcGetMemHandle(memory.ptr))
+        ref = PanelRef(token, name, tuple(shape), str(dtype), socket.gethostname(), os.getpid(), _uuid(0), handle)
+    else:
+        import numpy as np
+
+        arr = np.empty(shape, dtype)
+        fill(arr)
+        ref = PanelRef(token, name, tuple(shape), str(dtype), socket.gethostname(), os.getpid())
+    with _LOCK:
+        _STORE.setdefault(token, {})[name] = arr
+    return ref
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def resident(ref: PanelRef) -> Any | None:
+    """The panel itself when this process made it, else None."""
+    if ref.host != socket.gethostname() or ref.pid != os.getpid():
+        return None
+    return _STORE.get(ref.token, {}).get(ref.name)
+
+
+def peer_ordinal(ref: PanelRef) -> int | None:
+    """This process's ordinal of the GPU holding ``ref``, if it can reach it directly."""
+    if ref.gpu_uuid is None or ref.host != socket.gethostname():
+        return None
+    import cupy
+
+    for ordinal in range(1, cupy.cuda.runtime.getDeviceCount()):
+        if _uuid(ordinal) == ref.gpu_uuid:
+            return ordinal if cupy.cuda.runtime.deviceCanAccessPeer(0, ordinal) else None
+    return None
+
+
+def enable_all_peers() -> None:
+    """Enable peer access from this process's device 0 to every GPU it can reach."""
+    import cupy
+
+    from .roofline import _enable_peer_access
+
+    for ordinal in range(1, cupy.cuda.runtime.getDeviceCount()):
+        if cupy.cuda.runtime.deviceCanAccessPeer(0, ordinal):
+            _enable_peer_access(ordinal)
+
+
+class RemotePanel:
+    """A peer's panel opened by CUDA IPC for the life of a ``with`` block."""
+
+    def __init__(self, ref: PanelRef) -> None:
+        self.ref = ref
+        self.ptr = 0
+
+    def __enter__(self) -> RemotePanel:
+        import cupy
+
+        from .roofline import _enable_peer_access
+
+        _enable_peer_access(peer_ordinal(self.ref))
+        self.ptr = cupy.cuda.runtime.ipcOpenMemHandle(self.ref.ipc_handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import cupy
+
+        # Close before the owner may free it (the owner frees only after every tile ended).
+        cupy.cuda.runtime.ipcCloseMemHandle(self.ptr)
+
+
+def copy_rows(dst: Any, panel: RemotePanel, rows: tuple[int, int], stream: Any) -> int:
+    """Enqueue a copy of ``panel``'s rows ``rows`` (C order) into ``dst``; returns bytes."""
+    import cupy
+
+    shape, itemsize = panel.ref.shape, cupy.dtype(panel.ref.dtype).itemsize
+    row_bytes = itemsize * _size(shape[1:])
+    nbytes = (rows[1] - rows[0]) * row_bytes
+    cupy.cuda.runtime.memcpyAsync(dst.data.ptr, panel.ptr + rows[0] * row_bytes, nbytes,
+                                  cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+    return nbytes
+
+
+def release(token: str) -> int:
+    """Free this worker's panels of one job (a task on each worker, after every tile)."""
+    with _LOCK:
+        panels = _STORE.pop(token, {})
+    return len(panels)
