@@ -1,9 +1,12 @@
-"""``python -m mgpu submit|info``: the command line."""
+"""``python -m mgpu submit|scale|report|info``: the command line."""
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,9 @@ class _Reporter(Events):
         self.show_progress = show_progress
         self.progress: Progress | None = None
         self.task: Any = None
+        self.keep_open = False  # submit --keep-open: wait in finished() until Ctrl-C
+        self.result_shown = False
+        self.started = 0.0
 
     def cluster_ready(self, info: Any) -> None:
         n = len(info.devices)
@@ -45,22 +51,44 @@ class _Reporter(Events):
 
     def planned(self, plan: Any) -> None:
         self.console.print(f"mgpu: plan: {plan.describe()}")
+        self.start_bar(len(plan.tiles))
+
+    def start_bar(self, total: int) -> None:
         if self.show_progress:
             self.progress = Progress(
                 TextColumn("tiles"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
                 console=self.console, transient=True,
             )
-            self.task = self.progress.add_task("tiles", total=len(plan.tiles), rate="")
+            self.task = self.progress.add_task("tiles", total=total, rate="")
+            self.started = time.perf_counter()
             self.progress.start()
 
     def tile_done(self, record: Any) -> None:
         if self.progress is not None:
-            self.progress.advance(self.task)
+            done = self.progress.tasks[0].completed + 1
+            elapsed = time.perf_counter() - self.started
+            self.progress.update(self.task, advance=1, rate=f"{done / elapsed:.3g} tiles/s" if elapsed > 0 else "")
+
+    def finished(self, info: Any, result: Any) -> None:
+        self.close()
+        if not self.keep_open:
+            return
+        print_result(result, self.console)
+        self.result_shown = True
+        link = info.dashboard_link or "off"
+        message = (f"mgpu: cluster kept open at {info.client.scheduler.address}, dashboard {link}; "
+                   "press Ctrl-C to close")
+        if self.console.quiet:
+            click.echo(message, err=True)
+        else:
+            self.console.print(message, soft_wrap=True)
+        _wait_for_interrupt()
 
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
+            self.progress = None
 
 
 def _devices_override(value: str) -> str:
@@ -93,9 +121,10 @@ def cli() -> None:
 @click.option("--no-verify", is_flag=True, help="skip checking the tiles")
 @click.option("--force", is_flag=True, help="replace output files that already exist")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar and no table")
+@click.option("--keep-open", is_flag=True, help="keep the cluster and dashboard up after the job until Ctrl-C")
 def submit(job_file: Path, devices: str | None, backend: str | None, allocator: str | None,
            scheduler: str | None, dashboard: str | None, no_dashboard: bool, sets: tuple[str, ...],
-           json_path: str | None, no_verify: bool, force: bool, quiet: bool) -> None:
+           json_path: str | None, no_verify: bool, force: bool, quiet: bool, keep_open: bool) -> None:
     """Run a job file and report timings, throughput and verification."""
     overrides = list(sets)
     if devices is not None:
@@ -114,6 +143,7 @@ def submit(job_file: Path, devices: str | None, backend: str | None, allocator: 
     # With JSON on stdout, everything meant for a person goes to stderr.
     console = Console(stderr=json_path == "-" or quiet, quiet=quiet)
     reporter = _Reporter(console, show_progress=not quiet and console.is_terminal and json_path != "-")
+    reporter.keep_open = keep_open
     try:
         job = load_job(job_file, overrides)
         if json_path and json_path != "-" and not Path(json_path).expanduser().parent.is_dir():
@@ -129,7 +159,8 @@ def submit(job_file: Path, devices: str | None, backend: str | None, allocator: 
     except KeyboardInterrupt:
         _fail("interrupted; the cluster was closed and no output was kept", 130)
 
-    print_result(result, console)
+    if not reporter.result_shown:
+        print_result(result, console)
     if json_path:
         text = result.model_dump_json(indent=2)
         if json_path == "-":
@@ -188,6 +219,157 @@ def _calibrate() -> dict[str, dict[str, float]]:
         return {f"{f.host}:{f.backend}{f.id}": rates[addr] for addr, f in cluster.devices.items()}
 
 
+class _SweepReporter(_Reporter):
+    """A sweep's runs: the tile bar of each, and the dashboard's address once."""
+
+    told_dashboard = False
+
+    def cluster_ready(self, info: Any) -> None:
+        if info.dashboard_link and not self.told_dashboard:
+            self.console.print(f"mgpu: dashboard {info.dashboard_link} (each run starts its cluster anew)")
+            self.told_dashboard = True
+
+    def planned(self, plan: Any) -> None:
+        self.start_bar(len(plan.tiles))
+
+
+@cli.command(context_settings=_CONTEXT)
+@click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="folder for scale.csv, scale.json, the plots, REPORT.md and each run's result")
+@click.option("--devices", "counts", metavar="N,N,...", help="device counts (default 1, 2, 4, ... up to all)")
+@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
+              help="runs per device count and size")
+@click.option("--weak", is_flag=True, help="grow the problem with the devices (the job's scale.grow)")
+@click.option("--sizes", metavar="KEY[,KEY]=V,V,...", help="sweep sizes, e.g. params.n=1e8,2e8 or m,n,k=2048,4096")
+@click.option("--backend", type=click.Choice(["auto", "cuda", "cpu"]), help="overrides cluster.backend")
+@click.option("--allocator", type=click.Choice(["pool", "async", "managed", "default"]),
+              help="overrides cluster.allocator")
+@click.option("--dashboard", metavar="ADDR", help="dashboard address (default 127.0.0.1:8787)")
+@click.option("--no-dashboard", is_flag=True, help="start no dashboard")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a job key, e.g. params.m=4096")
+@click.option("--no-verify", is_flag=True, help="skip checking the tiles")
+@click.option("--force", is_flag=True, help="replace a sweep already in --out, and the job's output files")
+@click.option("--quiet", "-q", is_flag=True, help="no progress and no table")
+def scale(job_file: Path, out_dir: Path, counts: str | None, repeat: int, weak: bool, sizes: str | None,
+          backend: str | None, allocator: str | None, dashboard: str | None, no_dashboard: bool,
+          sets: tuple[str, ...], no_verify: bool, force: bool, quiet: bool) -> None:
+    """Run a job on several device counts (and sizes) and report how it scales."""
+    from .cluster import resolve_cluster
+    from .report import row_from_result, with_efficiency, write_report
+    from .scale import default_counts, parse_counts, parse_sizes, plan_sweep, run_sweep, size_label
+
+    overrides = list(sets)
+    for key, value in (("backend", backend), ("allocator", allocator), ("dashboard", dashboard)):
+        if value is not None:
+            overrides.append(f"cluster.{key}={value}")
+    if no_dashboard:
+        overrides.append("cluster.dashboard=null")
+    if no_verify:
+        overrides.append("verify=false")
+    console = Console(stderr=True, quiet=quiet)  # a line per run; the table goes to stdout
+    reporter = _SweepReporter(console, show_progress=not quiet and console.is_terminal)
+    rows: list[dict[str, Any]] = []
+    try:
+        if (out_dir / "scale.json").exists() and not force:
+            raise JobInputError(f"--out: {str(out_dir)!r} already holds a sweep (scale.json); "
+                                "choose another folder or pass --force")
+        if counts is None:
+            base = load_job(job_file, overrides)
+            device_counts = default_counts(resolve_cluster(base.cluster).backend)
+        else:
+            device_counts = parse_counts(counts)
+        runs = plan_sweep(job_file, device_counts, repeat, weak=weak,
+                          sizes=parse_sizes(sizes) if sizes else None, overrides=overrides)
+        (out_dir / "runs").mkdir(parents=True, exist_ok=True)
+        first = runs[0].job
+        mode = "weak" if weak else "strong"
+        title = f"{first.name}: {mode} scaling" + (f" ({first.workload})" if first.name != first.workload else "")
+        console.print(f"mgpu: {len(runs)} runs, {mode} scaling: {', '.join(map(str, device_counts))} devices"
+                      f"{', sizes ' + sizes if sizes else ''}, {repeat} run{'s' * (repeat != 1)} each", soft_wrap=True)
+        try:
+            for i, (run, result) in enumerate(run_sweep(runs, reporter, force=force)):
+                reporter.close()
+                rows.append(row_from_result(result, repeat=run.repeat, mode=run.mode,
+                                            base_size=size_label(result.workload, run.base_size),
+                                            source=f"runs/{i + 1:03d}-{run.devices}dev-r{run.repeat + 1}.json"))
+                (out_dir / rows[-1]["source"]).write_text(result.model_dump_json(indent=2) + "\n")
+                row = with_efficiency(rows)[-1]
+                eff = f", efficiency {row['efficiency']:.0%}" if row["efficiency"] is not None else ""
+                bad = ", [red]verification FAILED[/red]" if result.status != "ok" else ""
+                console.print(f"mgpu: run {i + 1}/{len(runs)}: {run.devices} device{'s' * (run.devices != 1)}, "
+                              f"{row['size']}, repeat {run.repeat + 1}/{repeat}: {row['seconds']:.3f} s, "
+                              f"{row['throughput']:.4g} {row['unit']}{eff}{bad}", soft_wrap=True)
+        finally:
+            reporter.close()
+            if rows:  # also after a failure: the runs done so far are kept
+                env = {k: v for k, v in result.env.items() if k != "worker"}
+                files = write_report(
+                    out_dir, rows, title=title, command="scale",
+                    lines=[f"`mgpu scale {job_file} --devices {','.join(map(str, device_counts))} --repeat {repeat}"
+                           f"{' --weak' if weak else ''}{' --sizes ' + sizes if sizes else ''}`, "
+                           f"{len(rows)} runs on {rows[-1]['backend']} ({rows[-1]['gpu'] or 'CPU workers'}, "
+                           f"host {rows[-1]['host']}); each run on a cluster started anew."],
+                    job=first.as_dict(), mode=mode, devices=device_counts, repeat=repeat, env=env,
+                )
+    except JobInputError as e:
+        _fail(str(e), JobInputError.exit_code)
+    except JobFailed as e:
+        _fail(f"job failed: {e}" + (f"; the {len(rows)} runs before it are in {out_dir}" if rows else ""),
+              JobFailed.exit_code)
+    except KeyboardInterrupt:
+        _fail("interrupted" + (f"; the {len(rows)} runs before it are in {out_dir}" if rows else ""), 130)
+    _print_summary(rows, [], Console(quiet=quiet))
+    Console(stderr=True, quiet=quiet).print(f"mgpu: wrote {', '.join(str(p) for p in files.values())}",
+                                            soft_wrap=True)
+    if any(r["status"] != "ok" for r in rows):
+        _fail("verification failed in some runs: their results are wrong", JobFailed.exit_code)
+
+
+@cli.command(context_settings=_CONTEXT)
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--by", default="devices", show_default=True,
+              type=click.Choice(["devices", "allocator", "protocol", "host", "gpu", "backend", "workload", "job",
+                                 "source"]),
+              help="compare runs side by side by this field (devices: one line per job and size)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="also write report.csv, report.json, the plots and REPORT.md here")
+def report(files: tuple[Path, ...], by: str, out_dir: Path | None) -> None:
+    """Tabulate saved results (submit --json, scale.json), and plot them with --out."""
+    from .report import load_rows, write_report
+
+    fields = [] if by == "devices" else [by]
+    try:
+        rows = load_rows(files)
+    except JobInputError as e:
+        _fail(str(e), JobInputError.exit_code)
+    _print_summary(rows, fields, Console())
+    if out_dir is not None:
+        written = write_report(out_dir, rows, by=fields, command="report",
+                               title="mgpu results" + (f" by {by}" if fields else ""),
+                               lines=[f"{len(rows)} runs from {len(files)} file(s): "
+                                      + ", ".join(sorted({r['source'] for r in rows})[:12])])
+        Console(stderr=True).print(f"mgpu: wrote {', '.join(str(p) for p in written.values())}", soft_wrap=True)
+
+
+def _print_summary(rows: list[dict[str, Any]], by: list[str], console: Console) -> None:
+    from rich.table import Table
+
+    from .report import summarize, table_rows
+
+    if not rows:
+        return
+    if not console.is_terminal and not console.quiet:
+        console = Console(file=console.file, width=160)  # a log or pipe: no terminal to fit
+    header, cells = table_rows(summarize(rows, by), by)
+    table = Table(title="median (min–max) of the runs at each device count", title_justify="left")
+    for name in header:
+        table.add_column(name, overflow="fold")
+    for row in cells:
+        table.add_row(*row)
+    console.print(table)
+
+
 @cli.group(context_settings=_CONTEXT)
 def bench() -> None:
     """Measure the pieces mgpu is built on (allocators)."""
@@ -224,6 +406,23 @@ def bench_alloc(device: int, sizes: str, iterations: int, repeats: int, json_pat
 def _fail(message: str, code: int) -> None:
     click.echo(f"mgpu: error: {message}" if code == 2 else f"mgpu: {message}", err=True)
     sys.exit(code)
+
+
+def _wait_for_interrupt() -> None:
+    """Block until Ctrl-C or SIGTERM; either ends the wait normally, so the cluster closes."""
+    stop = threading.Event()
+    try:
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: Ctrl-C arrives as KeyboardInterrupt instead
+        previous = {}
+    try:
+        while not stop.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def main() -> None:

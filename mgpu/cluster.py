@@ -7,6 +7,8 @@ import contextlib
 import importlib.util
 import logging
 import os
+import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -203,7 +205,10 @@ def open_cluster(rc: ResolvedCluster) -> Iterator[ClusterInfo]:
             else:
                 client = Client(rc.scheduler)
         else:
-            cluster = _start_cuda(rc) if rc.backend == "cuda" else _start_cpu(rc)
+            with warnings.catch_warnings():
+                # A taken dashboard port moves to a free one; the address printed is the real one.
+                warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)
+                cluster = _start_cuda(rc) if rc.backend == "cuda" else _start_cpu(rc)
             client = Client(cluster)
         client.register_plugin(DeviceSetup(rc.backend if rc.backend != "auto" else "auto"))
         if rc.spill == "managed":
@@ -212,6 +217,10 @@ def open_cluster(rc: ResolvedCluster) -> Iterator[ClusterInfo]:
             client.register_plugin(SpillToManaged())
         # Last, so its statistics adaptor sits on top of whatever the plugins above installed.
         client.register_plugin(AllocatorStats())
+        if rc.dashboard or rc.scheduler:
+            # The task stream records only once its scheduler plugin exists, which opening a
+            # dashboard page does; asking for it here keeps every task for a later look.
+            client.get_task_stream(start=time.time())
         facts = client.run(_describe)
         if not facts:
             raise JobInputError(f"cluster.scheduler: the scheduler at {rc.scheduler} has no workers")

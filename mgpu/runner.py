@@ -45,6 +45,9 @@ class Events:
 
     def tile_done(self, record: TileRecord) -> None: ...
 
+    def finished(self, info: ClusterInfo, result: Result) -> None:
+        """The job is done and its cluster still up (``submit --keep-open`` waits here)."""
+
 
 def _make_panel(workload: Workload, panel: Panel, token: str) -> PanelRef:
     return workload.make_panel(_device.current(), panel, token)
@@ -194,8 +197,10 @@ def run_job(job: Job, events: Events | None = None) -> Result:
                 outputs = [s.path for s in sinks if s.keep] + outputs
             allocators = alloc_stats.end_job(info.client, list(info.devices))
             wall = time.perf_counter() - t0
-            return build_result(job, workload, info, plan, records, wall_s=wall, outputs=outputs,
-                                ceilings=ceilings, allocators=allocators)
+            result = build_result(job, workload, info, plan, records, wall_s=wall, outputs=outputs,
+                                  ceilings=ceilings, allocators=allocators)
+            events.finished(info, result)
+            return result
     finally:
         for sink in sinks:
             sink.discard()

@@ -20,7 +20,7 @@ from .errors import JobInputError
 from .sizes import parse_size
 from .workloads import get_workload_class, workload_names
 
-__all__ = ["ClusterSpec", "Job", "apply_overrides", "load_job"]
+__all__ = ["ClusterSpec", "Job", "ScaleSpec", "apply_overrides", "load_job"]
 
 
 class ClusterSpec(BaseModel):
@@ -68,12 +68,48 @@ class ClusterSpec(BaseModel):
     def _memory_limit(cls, v: Any) -> Any:
         return v if v == "auto" else parse_size(v, key="cluster.memory_limit")
 
+    @field_validator("dashboard", mode="before")
+    @classmethod
+    def _dashboard(cls, v: Any) -> Any:
+        # A bare port (--dashboard 8790) stays on the loopback interface, like the default.
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = f"127.0.0.1:{v}"
+        if v is None:
+            return v
+        host, sep, port = str(v).rpartition(":")
+        if not isinstance(v, str) or not sep or not port.isdigit() or int(port) > 65535 or " " in host:
+            raise ValueError(f"expected HOST:PORT (127.0.0.1:8787), a port alone (8790, on 127.0.0.1), "
+                             f"or null for none; got {v!r}")
+        return v
+
     @model_validator(mode="after")
     def _pairs(self) -> ClusterSpec:
         if self.allocator == "managed" and self.spill == "managed":
             # Everything is already managed memory: there is nothing to fall back to.
             object.__setattr__(self, "spill", "none")
         return self
+
+
+class ScaleSpec(BaseModel):
+    """How ``mgpu scale --weak`` grows the job with the device count (the ``scale:`` section)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grow: list[str] | None = Field(
+        None, description="params grown with the device count; null: the workload's default"
+    )
+
+    @field_validator("grow", mode="before")
+    @classmethod
+    def _one_name(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("grow")
+    @classmethod
+    def _grow(cls, v: Any) -> Any:
+        if v is not None and (not v or len(set(v)) != len(v)):
+            raise ValueError(f"expected a non-empty list of params without repeats, got {v}")
+        return v
 
 
 class Job(BaseModel):
@@ -88,6 +124,7 @@ class Job(BaseModel):
     tiling: Literal["auto"] | dict[str, int] = "auto"
     verify: bool = True
     force: bool = Field(False, description="replace outputs that already exist")
+    scale: ScaleSpec = ScaleSpec()
 
     @field_validator("tiling")
     @classmethod
@@ -223,9 +260,14 @@ def validate_job(doc: dict[str, Any]) -> Job:
         raise JobInputError(_format_error(e, cls.Params, "params.")) from None
     doc["params"] = params
     try:
-        return Job.model_validate(doc)
+        job = Job.model_validate(doc)
     except ValidationError as e:
         raise JobInputError(_format_error(e, Job)) from None
+    unknown = [k for k in job.scale.grow or () if k not in cls.size_params]
+    if unknown:
+        raise JobInputError(f"scale.grow: {unknown[0]!r} is not a size of {workload}; "
+                            f"allowed: {', '.join(cls.size_params) or 'none (it has no sizes to grow)'}")
+    return job
 
 
 def load_job(path: str | Path, overrides: list[str] | None = None) -> Job:

@@ -93,7 +93,7 @@ MIN_TILE = 256
 @pytest.mark.parametrize("m,n,k", SIZES)
 @pytest.mark.parametrize("budget", BUDGETS)
 @pytest.mark.parametrize("itemsize", [2, 4, 8])
-@pytest.mark.parametrize("n_workers", [1, 2, 3])
+@pytest.mark.parametrize("n_workers", [1, 2, 3, 4, 8])
 def test_choose_matmul_tiles_fits_the_budget(m, n, k, budget, itemsize, n_workers):
     smallest = matmul_working_set(min(m, MIN_TILE), min(n, MIN_TILE), min(k, MIN_TILE), k, itemsize)
     try:
@@ -170,7 +170,7 @@ MATMUL_SIZES = [(1, 1, 1), (7, 13, 1), (97, 89, 101), (300, 257, 50)]
 
 
 @pytest.mark.parametrize("m,n,k", MATMUL_SIZES)
-@pytest.mark.parametrize("n_workers", [1, 2, 3])
+@pytest.mark.parametrize("n_workers", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("tiling", [{}, {"m": 32, "n": 40, "k": 37}, {"m": 1, "n": 5}])
 def test_matmul_plan_covers_c_exactly_once(m, n, k, n_workers, tiling):
     devices = _devices(n_workers)
@@ -204,7 +204,7 @@ def test_matmul_plan_under_a_small_budget_covers_c_and_fits(m, n, k):
 
 @pytest.mark.parametrize("n,tiling", [(n, t) for n in (1, 7, 13, 97, 10_007) for t in ({}, {"n": 3})]
                          + [(1_000_003, {}), (1_000_003, {"n": 997})])
-@pytest.mark.parametrize("n_workers", [1, 2, 3])
+@pytest.mark.parametrize("n_workers", [1, 2, 3, 4, 8])
 def test_dot_plan_covers_x_exactly_once(n, n_workers, tiling):
     devices = _devices(n_workers)
     plan = Dot(DotParams(n=n)).plan(devices, 1 << 30, tiling)
@@ -228,7 +228,7 @@ def test_dot_plan_cuts_chunks_to_the_budget():
 
 
 @pytest.mark.parametrize("width,height", [(1, 1), (7, 13), (97, 89), (5000, 3)])
-@pytest.mark.parametrize("n_workers", [1, 2, 3])
+@pytest.mark.parametrize("n_workers", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("tiling", [{}, {"rows": 5}])
 def test_mandelbrot_plan_covers_the_image_exactly_once(width, height, n_workers, tiling):
     plan = Mandelbrot(MandelbrotParams(width=width, height=height)).plan(_devices(n_workers), 1 << 30, tiling)
@@ -256,3 +256,17 @@ def test_spill_lets_the_smallest_tile_exceed_the_budget():
     # Shrunk as far as the planner goes, then handed to managed memory rather than refused.
     assert (tm, tn, tk) == (256, 256, 256)
     assert matmul_working_set(tm, tn, tk, 4096, 4) > budget
+
+
+@pytest.mark.parametrize("n_workers", [4, 8])
+def test_every_worker_gets_work_on_4_and_8_devices(n_workers):
+    """Issue 7: a job big enough for every device spreads over all of them, evenly."""
+    devices = _devices(n_workers)
+    matmul = Matmul(MatmulParams(m=4096, n=4096, k=256)).plan(devices, 1 << 30, {})
+    dot = Dot(DotParams(n=10_000_000)).plan(devices, 1 << 30, {})
+    for plan in (matmul, dot):
+        counts = [sum(t.worker == w for t in plan.tiles) for w in devices]
+        assert min(counts) >= 1 and max(counts) - min(counts) <= 1
+    assert len(matmul.tiles) % n_workers == 0  # whole rounds of tiles: nobody waits on a straggler
+    mandel = Mandelbrot(MandelbrotParams(width=1024, height=4096)).plan(devices, 1 << 30, {})
+    assert len(mandel.tiles) >= 4 * n_workers  # enough bands to balance dynamically

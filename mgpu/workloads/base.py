@@ -56,7 +56,8 @@ class Workload(ABC):
     """A kind of job: its parameters, how it tiles, what one tile does, how it is checked.
 
     Subclasses set ``name``, ``Params`` (a pydantic model, ``extra="forbid"``),
-    ``unit`` and ``axes`` (the names ``tiling:`` accepts), and implement the methods.
+    ``unit`` and ``axes`` (the names ``tiling:`` accepts), optionally ``size_params`` and
+    ``grow`` (for ``mgpu scale``), and implement the methods.
     The instance travels to the workers with each task, so it holds only parameters.
     """
 
@@ -66,6 +67,10 @@ class Workload(ABC):
     unit_scale: ClassVar[float]  # work units per one unit of throughput numerator
     axes: ClassVar[tuple[str, ...]]
     verify_method: ClassVar[str]
+    # The params that set the problem's size (named in sweeps), and those ``mgpu scale
+    # --weak`` grows with the device count unless the job's ``scale.grow`` says otherwise.
+    size_params: ClassVar[tuple[str, ...]] = ()
+    grow: ClassVar[tuple[str, ...]] = ()
     # Tiles that may share one device at once (each gets 1/concurrency of the budget).
     concurrency: ClassVar[int] = 1
 

@@ -66,6 +66,8 @@ class Dot(Workload):
     unit = "GB/s"
     unit_scale = 1e9
     axes = ("n",)
+    size_params = ("n",)
+    grow = ("n",)
     verify_method = "float64 recompute"
 
     def sources(self) -> tuple[Any, Any]:

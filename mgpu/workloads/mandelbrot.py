@@ -70,6 +70,8 @@ class Mandelbrot(Workload):
     unit = "Giter/s"
     unit_scale = 1e9
     axes = ("rows",)
+    size_params = ("width", "height")
+    grow = ("height",)  # more rows over the same window: the cost per row is kept
     verify_method = "cpu reference on sampled rows"
     # Two bands per GPU at once: one band's CPU check runs while the other's kernel keeps
     # the GPU busy (each thread has its own stream).

@@ -115,6 +115,8 @@ class Matmul(Workload):
     unit = "TFLOP/s"
     unit_scale = 1e12
     axes = ("m", "n", "k")
+    size_params = ("m", "n", "k")
+    grow = ("m",)  # more rows of C: work and each device's share of A grow by N
     verify_method = "freivalds"
 
     def __init__(self, params: MatmulParams, *, verify: bool = True) -> None:

@@ -1,0 +1,282 @@
+"""Runs -> a tidy table (one row per run), medians with their spread, and the files people
+read: CSV, JSON and a markdown report embedding the plots.
+
+Used by ``mgpu scale`` on its own runs and by ``mgpu report`` on any saved results.
+Efficiency is throughput at N devices over N/b times the median throughput at the
+fewest devices b of the same series (b is 1 in a usual sweep): for strong scaling that is
+T_b·b / (T_N·N); for weak scaling, where the work grows with N, it is T_b / T_N.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable
+
+from pydantic import ValidationError
+
+from .errors import JobInputError
+from .results import Result
+from .scale import size_label
+
+__all__ = ["BY_FIELDS", "ROW_FIELDS", "load_rows", "row_from_result", "summarize", "table_rows",
+           "with_efficiency", "write_csv", "write_json", "write_markdown", "write_report"]
+
+ROW_FIELDS = [
+    "job", "workload", "mode", "devices", "size", "base_size", "repeat", "status", "seconds", "wall_s",
+    "throughput", "unit", "roofline_fraction", "efficiency", "backend", "allocator", "protocol", "host",
+    "gpu", "source",
+]
+# Fields ``mgpu report --by`` can compare side by side (devices is already the x axis).
+BY_FIELDS = ["allocator", "protocol", "host", "gpu", "backend", "workload", "job", "source"]
+
+SCALE_KIND = "mgpu-scale"
+
+
+def row_from_result(result: Result, *, repeat: int = 0, mode: str = "strong", base_size: str | None = None,
+                    source: str = "") -> dict[str, Any]:
+    """One run's row: the Result's timings and throughput, and what it ran on."""
+    size = size_label(result.workload, result.job.get("params", {}))
+    cluster = result.job.get("cluster", {})
+    return {
+        "job": result.job.get("name", result.workload),
+        "workload": result.workload,
+        "mode": mode,
+        "devices": len(result.devices),
+        "size": size,
+        "base_size": base_size if base_size is not None else size,
+        "repeat": repeat,
+        "status": result.status,
+        "seconds": result.compute_s,
+        "wall_s": result.wall_s,
+        "throughput": result.throughput.value,
+        "unit": result.throughput.unit,
+        "roofline_fraction": result.roofline.fraction if result.roofline else None,
+        "efficiency": None,
+        "backend": result.backend,
+        "allocator": result.env.get("allocator", cluster.get("allocator", "")),
+        "protocol": result.env.get("protocol", cluster.get("protocol", "")),
+        "host": ",".join(result.env.get("hosts", [])) or ",".join(sorted({d.get("host", "") for d in result.devices})),
+        "gpu": ",".join(result.env.get("gpus", [])),
+        "source": source,
+    }
+
+
+def _series(row: dict[str, Any], by: list[str]) -> tuple[Any, ...]:
+    # Runs whose efficiency shares a baseline: same job and size, same compared fields.
+    return (row["job"], row["workload"], row["mode"], row["base_size"], *(row[b] for b in by))
+
+
+def with_efficiency(rows: list[dict[str, Any]], by: list[str] | None = None) -> list[dict[str, Any]]:
+    """The rows with ``efficiency`` set against each series' fewest-device median throughput.
+
+    Failed runs (a wrong answer) keep ``efficiency`` None and do not count in any median.
+    """
+    by = by or []
+    ok: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if r["status"] == "ok":
+            ok[_series(r, by)].append(r)
+    base: dict[tuple[Any, ...], tuple[int, float]] = {}
+    for series, group in ok.items():
+        n = min(r["devices"] for r in group)
+        if any(r["devices"] != n for r in group):  # one device count alone scales nothing
+            base[series] = (n, statistics.median(r["throughput"] for r in group if r["devices"] == n))
+    out = []
+    for r in rows:
+        b_n, b_thr = base.get(_series(r, by), (0, 0.0))
+        eff = r["throughput"] / (b_thr * r["devices"] / b_n) if r["status"] == "ok" and b_thr > 0 else None
+        out.append({**r, "efficiency": eff})
+    return out
+
+
+def _spread(values: list[float], name: str) -> dict[str, float | None]:
+    if not values:
+        return {f"{name}_median": None, f"{name}_min": None, f"{name}_max": None}
+    return {f"{name}_median": statistics.median(values), f"{name}_min": min(values), f"{name}_max": max(values)}
+
+
+def summarize(rows: list[dict[str, Any]], by: list[str] | None = None) -> list[dict[str, Any]]:
+    """One row per series and device count: run counts, medians and min/max spread.
+
+    ``efficiency`` here is the median throughput at N over N/b times the median at the
+    baseline b; ``efficiency_min``/``_max`` are the spread of the runs' own efficiencies.
+    """
+    by = by or []
+    rows = with_efficiency(rows, by)
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[(*_series(r, by), r["devices"])].append(r)
+    base_median: dict[tuple[Any, ...], tuple[int, float]] = {}
+    summary = []
+    for key, group in groups.items():
+        ok = [r for r in group if r["status"] == "ok"]
+        first = group[0]
+        entry: dict[str, Any] = {
+            "job": first["job"], "workload": first["workload"], "mode": first["mode"], "devices": first["devices"],
+            "size": first["size"], "base_size": first["base_size"], **{b: first[b] for b in by},
+            "runs": len(group), "failed": len(group) - len(ok), "unit": first["unit"],
+        }
+        entry.update(_spread([r["seconds"] for r in ok], "seconds"))
+        entry.update(_spread([r["throughput"] for r in ok], "throughput"))
+        fractions = [r["roofline_fraction"] for r in ok if r["roofline_fraction"] is not None]
+        entry["roofline_fraction_median"] = statistics.median(fractions) if fractions else None
+        effs = [r["efficiency"] for r in ok if r["efficiency"] is not None]
+        entry["efficiency_min"], entry["efficiency_max"] = (min(effs), max(effs)) if effs else (None, None)
+        summary.append(entry)
+        series = key[:-1]
+        if entry["throughput_median"] is not None and (series not in base_median
+                                                       or entry["devices"] < base_median[series][0]):
+            base_median[series] = (entry["devices"], entry["throughput_median"])
+    for entry in summary:
+        b_n, b_thr = base_median.get(_series(entry, by), (0, 0.0))
+        if not any(e["efficiency_min"] is not None for e in summary if _series(e, by) == _series(entry, by)):
+            b_n = 0  # as in with_efficiency: a series on one device count has no efficiency
+        med = entry["throughput_median"]
+        entry["baseline_devices"] = b_n or None
+        entry["efficiency"] = med / (b_thr * entry["devices"] / b_n) if med is not None and b_thr > 0 and b_n else None
+    summary.sort(key=lambda e: (e["job"], str(e["base_size"]), *(str(e[b]) for b in by), e["devices"]))
+    return summary
+
+
+# -- reading saved results ---------------------------------------------------------------
+
+
+def load_rows(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
+    """Rows from Result JSON files (``submit --json``) and scale JSON files (``scale.json``).
+
+    Results of the same job, size, device count and machine are numbered as repeats.
+
+    Raises
+    ------
+    JobInputError
+        If a file is missing, is not JSON, or is neither kind of file.
+    """
+    rows: list[dict[str, Any]] = []
+    repeats: dict[tuple[Any, ...], int] = defaultdict(int)
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise JobInputError(f"{str(path)!r} does not exist")
+        try:
+            data = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise JobInputError(f"{str(path)!r} is not JSON: {e}") from None
+        if isinstance(data, dict) and data.get("kind") == SCALE_KIND and isinstance(data.get("rows"), list):
+            for r in data["rows"]:
+                if not isinstance(r, dict) or any(k not in r for k in ROW_FIELDS if k != "source"):
+                    raise JobInputError(f"{str(path)!r}: a row of this scale JSON lacks fields; "
+                                        f"each needs {', '.join(ROW_FIELDS)}")
+                rows.append({**r, "source": r.get("source") or path.name})
+            continue
+        try:
+            result = Result.model_validate(data)
+        except ValidationError:
+            raise JobInputError(f"{str(path)!r} is not an mgpu result: expected the JSON of "
+                                "'mgpu submit --json' or the scale.json of 'mgpu scale'") from None
+        row = row_from_result(result, source=path.name)
+        key = (row["job"], row["size"], row["devices"], row["host"], row["allocator"], row["protocol"])
+        row["repeat"], repeats[key] = repeats[key], repeats[key] + 1
+        rows.append(row)
+    return rows
+
+
+# -- writing ---------------------------------------------------------------------------
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
+    """The tidy table: one row per run, the columns of ``ROW_FIELDS``."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=ROW_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: "" if r.get(k) is None else r[k] for k in ROW_FIELDS})
+    return path
+
+
+def write_json(path: Path, rows: list[dict[str, Any]], summary: list[dict[str, Any]], **meta: Any) -> Path:
+    """Rows, summary and what produced them, readable again by ``mgpu report``."""
+    doc = {"kind": SCALE_KIND, "version": 1, **meta, "rows": rows, "summary": summary}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}g}"
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0%}"
+
+
+def table_rows(summary: list[dict[str, Any]], by: list[str] | None = None) -> tuple[list[str], list[list[str]]]:
+    """The summary as text cells, each figure "median (min–max)", for markdown and console."""
+    by = by or []
+    jobs = len({e["job"] for e in summary}) > 1
+    units = {e["unit"] for e in summary}
+    unit = f" ({units.pop()})" if len(units) == 1 else ""
+    header = [*(["job"] if jobs else []), *by, "devices", "size", "runs", "seconds", f"throughput{unit}",
+              "efficiency", "of limit"]
+    cells = []
+    for e in summary:
+        failed = f" ({e['failed']} failed)" if e["failed"] else ""
+        cells.append([
+            *([e["job"]] if jobs else []), *(str(e[b]) for b in by), str(e["devices"]), e["size"],
+            f"{e['runs']}{failed}",
+            f"{_fmt(e['seconds_median'])} ({_fmt(e['seconds_min'])}–{_fmt(e['seconds_max'])})",
+            f"{_fmt(e['throughput_median'])} ({_fmt(e['throughput_min'])}–{_fmt(e['throughput_max'])})"
+            + ("" if unit else f" {e['unit']}"),
+            "–" if e["efficiency"] is None else
+            f"{_pct(e['efficiency'])} ({_pct(e['efficiency_min'])}–{_pct(e['efficiency_max'])})",
+            _pct(e["roofline_fraction_median"]),
+        ])
+    return header, cells
+
+
+def write_markdown(path: Path, summary: list[dict[str, Any]], *, title: str, lines: list[str],
+                   plots: dict[str, Path | None], by: list[str] | None = None) -> Path:
+    """A short report: what ran, the plots, the median/spread table and how to read it."""
+    header, cells = table_rows(summary, by)
+    out = [f"# {title}", "", *lines, ""]
+    for caption, plot in plots.items():
+        if plot is not None:
+            out += [f"![{caption}]({plot.name})", ""]
+    out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
+    baselines = sorted({e["baseline_devices"] for e in summary if e["baseline_devices"]})
+    base = " and ".join(str(b) for b in baselines) or "the fewest"
+    out += [
+        "",
+        "Each figure is the median of the runs, with their spread (min–max) in brackets. "
+        f"Efficiency is the median throughput at N devices over N/b times the median at b = {base} "
+        "device(s): the share of perfect scaling. Seconds are compute time (cluster start-up excluded); "
+        "'of limit' is the median share of the hardware limit, the sum of each device's measured ceiling.",
+        "",
+    ]
+    path.write_text("\n".join(out))
+    return path
+
+
+def write_report(out_dir: Path, rows: list[dict[str, Any]], *, title: str, lines: list[str],
+                 by: list[str] | None = None, **meta: Any) -> dict[str, Path]:
+    """Every file of a report in ``out_dir``: CSV, JSON, the PNGs and REPORT.md."""
+    from .plots import efficiency_plot, throughput_plot
+
+    by = by or []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = with_efficiency(rows, by)
+    summary = summarize(rows, by)
+    stem = "scale" if meta.get("command") == "scale" else "report"
+    files = {
+        "csv": write_csv(rows, out_dir / f"{stem}.csv"),
+        "json": write_json(out_dir / f"{stem}.json", rows, summary, by=by, **meta),
+    }
+    plots = {
+        "Throughput against devices": throughput_plot(summary, out_dir / "throughput.png", by=by, title=title),
+        "Efficiency against devices": efficiency_plot(summary, out_dir / "efficiency.png", by=by, title=title),
+    }
+    files.update({p.stem: p for p in plots.values() if p is not None})
+    files["report"] = write_markdown(out_dir / "REPORT.md", summary, title=title, lines=lines, plots=plots, by=by)
+    return files
