@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -18,7 +20,7 @@ from .plugins import DeviceSetup
 from .sizes import resolve_size
 from .spec import ClusterSpec
 
-__all__ = ["ClusterInfo", "ResolvedCluster", "open_cluster", "resolve_cluster"]
+__all__ = ["ClusterInfo", "ResolvedCluster", "describe_workers", "open_cluster", "resolve_cluster", "scheduler_address"]
 
 # The per-device budget when memory_limit is "auto": room for the allocator and CUDA.
 AUTO_BUDGET = {"cuda": 0.8, "cpu": 0.5}
@@ -72,6 +74,31 @@ def _cuda_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("cupy", "dask_cuda")) and visible_gpu_count() > 0
 
 
+_HOST_PORT = re.compile(r"^[\w.\-]+:\d+$|^\[[0-9a-fA-F:]+\]:\d+$")
+
+
+def scheduler_address(value: str) -> str:
+    """The address in ``cluster.scheduler``: an address as given, or read from a scheduler file.
+
+    Raises
+    ------
+    JobInputError
+        If it is neither an address (``tcp://host:8786``, ``host:8786``) nor a readable
+        scheduler file.
+    """
+    if "://" in value or (_HOST_PORT.match(value) and not os.path.exists(value)):
+        return value
+    if not os.path.isfile(value):
+        raise JobInputError(f"cluster.scheduler: {value!r} is neither an address (tcp://HOST:8786) nor an "
+                            "existing scheduler file (dask scheduler --scheduler-file PATH)")
+    try:
+        with open(value) as f:
+            return str(json.load(f)["address"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise JobInputError(f"cluster.scheduler: {value!r} is not a scheduler file (JSON with an 'address', as "
+                            "dask scheduler --scheduler-file writes)") from None
+
+
 def resolve_cluster(spec: ClusterSpec) -> ResolvedCluster:
     """Check the cluster section against this machine; raise JobInputError if it cannot be.
 
@@ -81,6 +108,7 @@ def resolve_cluster(spec: ClusterSpec) -> ResolvedCluster:
         If CUDA was asked for without a GPU, a device does not exist, or UCX is missing.
     """
     if spec.scheduler:
+        scheduler_address(spec.scheduler)
         backend = "auto" if spec.backend == "auto" else spec.backend
         return ResolvedCluster(backend, [], spec.allocator, spec.protocol, spec.memory_limit, spec.scheduler,
                                spec.dashboard, "joined cluster")
@@ -147,6 +175,7 @@ def _start_cuda(rc: ResolvedCluster) -> Any:
         rmm["rmm_allocator_external_lib_list"] = ["cupy"]
     return LocalCUDACluster(
         CUDA_VISIBLE_DEVICES=",".join(str(d) for d in rc.devices),
+        host="127.0.0.1",  # nothing outside this machine needs to reach a cluster mgpu starts
         protocol=rc.protocol,
         dashboard_address=rc.dashboard,
         threads_per_worker=1,
@@ -172,21 +201,34 @@ def _describe() -> DeviceFacts:
     return current().facts
 
 
+def describe_workers(client: Client) -> dict[str, DeviceFacts]:
+    """Each worker's device facts (address -> facts), in the order tiles are placed."""
+    facts = client.run(_describe)
+    return dict(sorted(facts.items(), key=lambda kv: (kv[1].host, kv[1].id, kv[0])))
+
+
+def _join(rc: ResolvedCluster, security: Any) -> Client:
+    try:
+        if os.path.isfile(rc.scheduler):  # type: ignore[arg-type]
+            return Client(scheduler_file=rc.scheduler, security=security)
+        return Client(rc.scheduler, security=security)
+    except (OSError, TimeoutError) as e:
+        raise JobInputError(f"cluster.scheduler: could not connect to {scheduler_address(rc.scheduler)} "  # type: ignore[arg-type]
+                            f"({type(e).__name__}: {e}); is the scheduler running, and is the address right?") from None
+
+
 @contextlib.contextmanager
-def open_cluster(rc: ResolvedCluster) -> Iterator[ClusterInfo]:
+def open_cluster(rc: ResolvedCluster, security: Any = None) -> Iterator[ClusterInfo]:
     """Start (or join) the cluster, set each worker's device up, and close what was started.
 
     The cluster is closed on success, failure and Ctrl-C alike; a joined cluster is left
-    running.
+    running. ``security`` (a ``distributed.security.Security``) is for joining over TLS.
     """
     cluster = None
     client = None
     try:
         if rc.scheduler:
-            if os.path.isfile(rc.scheduler):
-                client = Client(scheduler_file=rc.scheduler)
-            else:
-                client = Client(rc.scheduler)
+            client = _join(rc, security)
         else:
             cluster = _start_cuda(rc) if rc.backend == "cuda" else _start_cpu(rc)
             client = Client(cluster)
@@ -195,10 +237,9 @@ def open_cluster(rc: ResolvedCluster) -> Iterator[ClusterInfo]:
             from .spill import SpillToManaged
 
             client.register_plugin(SpillToManaged())
-        facts = client.run(_describe)
-        if not facts:
+        ordered = describe_workers(client)
+        if not ordered:
             raise JobInputError(f"cluster.scheduler: the scheduler at {rc.scheduler} has no workers")
-        ordered = dict(sorted(facts.items(), key=lambda kv: (kv[1].host, kv[1].id, kv[0])))
         yield ClusterInfo(client, rc, owned=cluster is not None, devices=ordered, spills=rc.spill == "managed")
     finally:
         if client is not None:
