@@ -162,6 +162,8 @@ def submit(job_files: tuple[Path, ...], devices: str | None, backend: str | None
     except JobFailed as e:
         _fail(f"job failed: {e}{not_run}", JobFailed.exit_code)
     except Interrupted as e:
+        if len(reporter.results) == len(job_files):
+            _fail(f"interrupted ({e}) while closing the cluster; every job had finished", e.exit_code)
         _fail(f"interrupted ({e}); the job's tasks were cancelled, the cluster mgpu started was closed, "
               f"and no partial output was kept{not_run}", e.exit_code)
     except KeyboardInterrupt:

@@ -17,6 +17,7 @@ from distributed import Client, LocalCluster
 from .device import DeviceFacts, visible_gpu_count
 from .errors import JobInputError
 from .plugins import DeviceSetup
+from .signals import WORKER_PRELOAD, deferred
 from .sizes import resolve_size
 from .spec import ClusterSpec
 
@@ -180,6 +181,7 @@ def _start_cuda(rc: ResolvedCluster) -> Any:
         dashboard_address=rc.dashboard,
         threads_per_worker=1,
         silence_logs=logging.WARNING,
+        preload=[WORKER_PRELOAD],
         **rmm,
     )
 
@@ -192,6 +194,7 @@ def _start_cpu(rc: ResolvedCluster) -> LocalCluster:
         host="127.0.0.1",
         dashboard_address=rc.dashboard,
         silence_logs=logging.WARNING,
+        preload=[WORKER_PRELOAD],
     )
 
 
@@ -242,7 +245,8 @@ def open_cluster(rc: ResolvedCluster, security: Any = None) -> Iterator[ClusterI
             raise JobInputError(f"cluster.scheduler: the scheduler at {rc.scheduler} has no workers")
         yield ClusterInfo(client, rc, owned=cluster is not None, devices=ordered, spills=rc.spill == "managed")
     finally:
-        if client is not None:
-            client.close()
-        if cluster is not None:
-            cluster.close()
+        with deferred():  # a signal now would leave worker processes behind
+            if client is not None:
+                client.close()
+            if cluster is not None:
+                cluster.close()
