@@ -106,7 +106,9 @@ def start_proc_cluster(folder: Path, n_workers: int = 2, *, nanny: bool = False,
     sched_file.unlink(missing_ok=True)
     security = tls.scheduler_args() if tls else []
     protocol = ["--protocol", "tls"] if tls else []
-    scheduler = _spawn([*SCHEDULER, "--host", "127.0.0.1", "--port", "0", "--no-dashboard", *protocol,
+    # --dashboard-address too: without it the HTTP server (/health) listens on every interface.
+    scheduler = _spawn([*SCHEDULER, "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                        "--dashboard-address", "127.0.0.1:0", *protocol,
                         "--scheduler-file", str(sched_file), *security], folder / "scheduler.log", env)
     cluster = ProcCluster(folder, scheduler, tls=tls)
     try:
@@ -118,7 +120,8 @@ def start_proc_cluster(folder: Path, n_workers: int = 2, *, nanny: bool = False,
         for i in range(n_workers):
             cluster.workers.append(_spawn(
                 [*WORKER, "--scheduler-file", str(sched_file), "--host", "127.0.0.1", "--nthreads", "1",
-                 "--name", str(i), "--no-dashboard", "--nanny" if nanny else "--no-nanny", *security],
+                 "--name", str(i), "--no-dashboard", "--dashboard-address", "127.0.0.1:0",
+                 "--nanny" if nanny else "--no-nanny", *security],
                 folder / f"worker-{i}.log", env,
             ))
         with cluster.client(timeout=timeout) as client:
