@@ -121,7 +121,8 @@ cmd_up() {
     sched_pid=$(cat "$DIR/scheduler.pid")
     for _ in $(seq 150); do
         [[ -s $SCHED_FILE ]] && break
-        alive "$sched_pid" || break
+        # The process itself: its session (and group) may not exist yet when setsid has not run.
+        kill -0 "$sched_pid" 2>/dev/null || break
         sleep 0.2
     done
     [[ -s $SCHED_FILE ]] || { cat "$DIR/scheduler.log" >&2; cmd_down; die "the scheduler did not start"; }

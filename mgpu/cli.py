@@ -63,11 +63,13 @@ class _Reporter(Events):
             self.progress.advance(self.task)
 
     def worker_lost(self, worker: str, tiles: list[int]) -> None:
-        self.console.print(f"mgpu: lost worker {worker}; recomputing its tile(s) {tiles[:20]} on the others")
+        self.console.print(f"mgpu: lost worker {worker}; recomputing its tile(s) {tiles[:20]} on the others",
+                           soft_wrap=True)
 
     def job_started(self, index: int, job: Any) -> None:
         if len(self.files) > 1:
-            self.console.print(f"mgpu: job {index + 1} of {len(self.files)}: {job.name} ({self.files[index]})")
+            self.console.print(f"mgpu: job {index + 1} of {len(self.files)}: {job.name} ({self.files[index]})",
+                               soft_wrap=True)
 
     def job_done(self, result: Any) -> None:
         self.close()
