@@ -104,7 +104,7 @@ def test_tls_scheduler_without_tls_settings_is_refused_before_connecting(tmp_pat
 
 
 def test_a_certificate_from_another_ca_is_rejected(tmp_path, tls_cluster):
-    """The scheduler checks the client's certificate: one signed by a stranger cannot join."""
+    """TLS is mutual: a client whose certificates come from another CA cannot join."""
     other = make_tls_files(tmp_path / "other", cn="stranger")
     job = matmul_job(tmp_path, 8, 8, 8, {"m": 4})
     proc = run_mgpu(job, "--scheduler", tls_cluster.address, "--tls-ca-file", other.ca, "--tls-cert", other.cert,
