@@ -121,22 +121,27 @@ cmd_up() {
     sched_pid=$(cat "$DIR/scheduler.pid")
     for _ in $(seq 150); do
         [[ -s $SCHED_FILE ]] && break
-        alive "$sched_pid" || break
+        # The process itself: its session (and group) may not exist yet when setsid has not run.
+        kill -0 "$sched_pid" 2>/dev/null || break
         sleep 0.2
     done
     [[ -s $SCHED_FILE ]] || { cat "$DIR/scheduler.log" >&2; cmd_down; die "the scheduler did not start"; }
 
     local i
+    # --dashboard-address: even with --no-dashboard, a worker's HTTP server (/health,
+    # /metrics) listens on every interface unless it is given an address.
     for ((i = 0; i < N; i++)); do
         if [[ $KIND == gpu ]]; then
             # One process per GPU: each sees only its own device, as on a multi-node cluster.
             start "worker-$i" env CUDA_VISIBLE_DEVICES="$i" "$PYTHON" -m dask cuda worker \
                 --scheduler-file "$SCHED_FILE" --host "$HOST" --name "gpu-$i" --nthreads 1 \
-                --rmm-pool-size "$POOL" --set-rmm-allocator-for-libs cupy --no-dashboard
+                --rmm-pool-size "$POOL" --set-rmm-allocator-for-libs cupy --no-dashboard \
+                --dashboard-address "$HOST:0"
         else
             # The name is the worker's index: mgpu reports CPU worker N as device N.
             start "worker-$i" "$PYTHON" -m dask worker --scheduler-file "$SCHED_FILE" \
-                --host "$HOST" --name "$i" --nthreads 1 --nworkers 1 --no-dashboard
+                --host "$HOST" --name "$i" --nthreads 1 --nworkers 1 --no-dashboard \
+                --dashboard-address "$HOST:0"
         fi
     done
     if ! wait_workers "$N" 120; then

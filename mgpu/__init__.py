@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 
 from .errors import JobFailed, JobInputError
 from .results import Result
-from .runner import run_job
+from .runner import run_job, run_jobs
 from .spec import Job, load_job
 
-__all__ = ["Job", "JobFailed", "JobInputError", "Result", "__version__", "load_job", "run_job"]
+__all__ = ["Job", "JobFailed", "JobInputError", "Result", "__version__", "load_job", "run_job", "run_jobs"]

@@ -17,7 +17,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from . import __version__
 from .errors import JobFailed, JobInputError
 from .results import print_result
-from .runner import Events, run_job
+from .runner import Events, run_jobs
+from .security import client_security
+from .signals import Interrupted, cancel_on_signals
 from .spec import load_job
 
 __all__ = ["main"]
@@ -28,14 +30,15 @@ _CONTEXT = {"help_option_names": ["-h", "--help"]}
 class _Reporter(Events):
     """Says what started where, and draws the tile progress bar on a terminal."""
 
-    def __init__(self, console: Console, show_progress: bool) -> None:
+    def __init__(self, console: Console, show_progress: bool, files: list[Path] | None = None) -> None:
         self.console = console
         self.show_progress = show_progress
         self.progress: Progress | None = None
         self.task: Any = None
         self.keep_open = False  # submit --keep-open: wait in finished() until Ctrl-C
-        self.result_shown = False
         self.started = 0.0
+        self.files = files or []
+        self.results: list[Any] = []
 
     def cluster_ready(self, info: Any) -> None:
         n = len(info.devices)
@@ -74,8 +77,6 @@ class _Reporter(Events):
         self.close()
         if not self.keep_open:
             return
-        print_result(result, self.console)
-        self.result_shown = True
         link = info.dashboard_link or "off"
         message = (f"mgpu: cluster kept open at {info.client.scheduler.address}, dashboard {link}; "
                    "press Ctrl-C to close")
@@ -84,6 +85,20 @@ class _Reporter(Events):
         else:
             self.console.print(message, soft_wrap=True)
         _wait_for_interrupt()
+
+    def worker_lost(self, worker: str, tiles: list[int]) -> None:
+        self.console.print(f"mgpu: lost worker {worker}; recomputing its tile(s) {tiles[:20]} on the others",
+                           soft_wrap=True)
+
+    def job_started(self, index: int, job: Any) -> None:
+        if len(self.files) > 1:
+            self.console.print(f"mgpu: job {index + 1} of {len(self.files)}: {job.name} ({self.files[index]})",
+                               soft_wrap=True)
+
+    def job_done(self, result: Any) -> None:
+        self.close()
+        self.results.append(result)
+        print_result(result, self.console)
 
     def close(self) -> None:
         if self.progress is not None:
@@ -108,24 +123,35 @@ def cli() -> None:
 
 
 @cli.command(context_settings=_CONTEXT)
-@click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("job_files", metavar="JOB_FILE...", nargs=-1, required=True,
+                type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--devices", help="all, a count (2) or device ids (0,1); overrides cluster.devices")
 @click.option("--backend", type=click.Choice(["auto", "cuda", "cpu"]), help="overrides cluster.backend")
 @click.option("--allocator", type=click.Choice(["pool", "async", "managed", "default"]),
               help="overrides cluster.allocator")
 @click.option("--scheduler", metavar="ADDR", help="join a running cluster (address or scheduler file)")
+@click.option("--scheduler-file", metavar="PATH", type=click.Path(exists=True, dir_okay=False),
+              help="join the running cluster whose scheduler wrote PATH (dask scheduler --scheduler-file)")
+@click.option("--tls-ca-file", metavar="PEM", help="CA certificate(s) for a TLS scheduler (tls://)")
+@click.option("--tls-cert", metavar="PEM", help="this client's certificate for a TLS scheduler")
+@click.option("--tls-key", metavar="PEM", help="this client's private key (unless it is in --tls-cert)")
 @click.option("--dashboard", metavar="ADDR", help="dashboard address (default 127.0.0.1:8787)")
 @click.option("--no-dashboard", is_flag=True, help="start no dashboard")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a job key, e.g. params.m=4096")
-@click.option("--json", "json_path", metavar="PATH", help="write the result as JSON (- for stdout)")
+@click.option("--json", "json_path", metavar="PATH",
+              help="write the result as JSON (- for stdout); a list of results for several jobs")
 @click.option("--no-verify", is_flag=True, help="skip checking the tiles")
 @click.option("--force", is_flag=True, help="replace output files that already exist")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar and no table")
-@click.option("--keep-open", is_flag=True, help="keep the cluster and dashboard up after the job until Ctrl-C")
-def submit(job_file: Path, devices: str | None, backend: str | None, allocator: str | None,
-           scheduler: str | None, dashboard: str | None, no_dashboard: bool, sets: tuple[str, ...],
+@click.option("--keep-open", is_flag=True, help="keep the cluster and dashboard up after the jobs until Ctrl-C")
+def submit(job_files: tuple[Path, ...], devices: str | None, backend: str | None, allocator: str | None,
+           scheduler: str | None, scheduler_file: str | None, tls_ca_file: str | None, tls_cert: str | None,
+           tls_key: str | None, dashboard: str | None, no_dashboard: bool, sets: tuple[str, ...],
            json_path: str | None, no_verify: bool, force: bool, quiet: bool, keep_open: bool) -> None:
-    """Run a job file and report timings, throughput and verification."""
+    """Run job files, one after another on one cluster, and report each."""
+    if scheduler and scheduler_file:
+        raise click.UsageError("give --scheduler or --scheduler-file, not both")
+    scheduler = scheduler or (str(Path(scheduler_file).resolve()) if scheduler_file else None)
     overrides = list(sets)
     if devices is not None:
         overrides.append(f"cluster.devices={_devices_override(devices)}")
@@ -142,33 +168,51 @@ def submit(job_file: Path, devices: str | None, backend: str | None, allocator: 
 
     # With JSON on stdout, everything meant for a person goes to stderr.
     console = Console(stderr=json_path == "-" or quiet, quiet=quiet)
-    reporter = _Reporter(console, show_progress=not quiet and console.is_terminal and json_path != "-")
+    reporter = _Reporter(console, show_progress=not quiet and console.is_terminal and json_path != "-",
+                         files=list(job_files))
     reporter.keep_open = keep_open
+    not_run = ""
     try:
-        job = load_job(job_file, overrides)
+        jobs = [load_job(f, overrides) for f in job_files]
         if json_path and json_path != "-" and not Path(json_path).expanduser().parent.is_dir():
             raise JobInputError(f"--json: the folder of {json_path!r} does not exist")
+        security = client_security(tls_ca_file, tls_cert, tls_key)
         try:
-            result = run_job(job, reporter)
+            with cancel_on_signals():
+                run_jobs(jobs, reporter, security=security)
         finally:
             reporter.close()
+            _write_json(reporter.results, json_path, several=len(job_files) > 1)
+            left = len(job_files) - len(reporter.results)
+            not_run = f"; {left} later job(s) not run" if len(job_files) > 1 and left else ""
     except JobInputError as e:
         _fail(str(e), JobInputError.exit_code)
     except JobFailed as e:
-        _fail(f"job failed: {e}", JobFailed.exit_code)
+        _fail(f"job failed: {e}{not_run}", JobFailed.exit_code)
+    except Interrupted as e:
+        if len(reporter.results) == len(job_files):
+            _fail(f"interrupted ({e}) while closing the cluster; every job had finished", e.exit_code)
+        _fail(f"interrupted ({e}); the job's tasks were cancelled, the cluster mgpu started was closed, "
+              f"and no partial output was kept{not_run}", e.exit_code)
     except KeyboardInterrupt:
         _fail("interrupted; the cluster was closed and no output was kept", 130)
 
-    if not reporter.result_shown:
-        print_result(result, console)
-    if json_path:
-        text = result.model_dump_json(indent=2)
-        if json_path == "-":
-            click.echo(text)
-        else:
-            Path(json_path).expanduser().write_text(text + "\n")
-    if result.status != "ok":
-        _fail("verification failed: the result is wrong", JobFailed.exit_code)
+    if reporter.results[-1].status != "ok":
+        _fail(f"verification failed: the result is wrong{not_run}", JobFailed.exit_code)
+
+
+def _write_json(results: list[Any], json_path: str | None, *, several: bool) -> None:
+    """One object for one job; a list, in submission order, for several (those that ran)."""
+    if not json_path or not results:
+        return
+    if several:
+        text = json.dumps([r.model_dump(mode="json") for r in results], indent=2)
+    else:
+        text = results[0].model_dump_json(indent=2)
+    if json_path == "-":
+        click.echo(text)
+    else:
+        Path(json_path).expanduser().write_text(text + "\n")
 
 
 @cli.command(context_settings=_CONTEXT)

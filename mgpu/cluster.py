@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import logging
 import os
+import re
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -18,10 +20,11 @@ from .alloc_stats import AllocatorStats
 from .device import DeviceFacts, visible_gpu_count
 from .errors import JobInputError
 from .plugins import DeviceSetup
+from .signals import WORKER_PRELOAD, deferred
 from .sizes import resolve_size
 from .spec import ClusterSpec
 
-__all__ = ["ClusterInfo", "ResolvedCluster", "open_cluster", "resolve_cluster"]
+__all__ = ["ClusterInfo", "ResolvedCluster", "describe_workers", "open_cluster", "resolve_cluster", "scheduler_address"]
 
 # The per-device budget when memory_limit is "auto": room for the allocator and CUDA.
 AUTO_BUDGET = {"cuda": 0.8, "cpu": 0.5}
@@ -87,6 +90,31 @@ def _cuda_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("cupy", "dask_cuda")) and visible_gpu_count() > 0
 
 
+_HOST_PORT = re.compile(r"^[\w.\-]+:\d+$|^\[[0-9a-fA-F:]+\]:\d+$")
+
+
+def scheduler_address(value: str) -> str:
+    """The address in ``cluster.scheduler``: an address as given, or read from a scheduler file.
+
+    Raises
+    ------
+    JobInputError
+        If it is neither an address (``tcp://host:8786``, ``host:8786``) nor a readable
+        scheduler file.
+    """
+    if "://" in value or (_HOST_PORT.match(value) and not os.path.exists(value)):
+        return value
+    if not os.path.isfile(value):
+        raise JobInputError(f"cluster.scheduler: {value!r} is neither an address (tcp://HOST:8786) nor an "
+                            "existing scheduler file (dask scheduler --scheduler-file PATH)")
+    try:
+        with open(value) as f:
+            return str(json.load(f)["address"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise JobInputError(f"cluster.scheduler: {value!r} is not a scheduler file (JSON with an 'address', as "
+                            "dask scheduler --scheduler-file writes)") from None
+
+
 def resolve_cluster(spec: ClusterSpec) -> ResolvedCluster:
     """Check the cluster section against this machine; raise JobInputError if it cannot be.
 
@@ -96,6 +124,7 @@ def resolve_cluster(spec: ClusterSpec) -> ResolvedCluster:
         If CUDA was asked for without a GPU, a device does not exist, or UCX is missing.
     """
     if spec.scheduler:
+        scheduler_address(spec.scheduler)
         backend = "auto" if spec.backend == "auto" else spec.backend
         return ResolvedCluster(backend, [], spec.allocator, spec.protocol, spec.memory_limit, spec.scheduler,
                                spec.dashboard, "joined cluster")
@@ -162,11 +191,13 @@ def _start_cuda(rc: ResolvedCluster) -> Any:
         rmm["rmm_allocator_external_lib_list"] = ["cupy"]
     return LocalCUDACluster(
         CUDA_VISIBLE_DEVICES=",".join(str(d) for d in rc.devices),
+        host="127.0.0.1",  # nothing outside this machine needs to reach a cluster mgpu starts
         protocol=rc.protocol,
         dashboard_address=rc.dashboard,
         threads_per_worker=GPU_THREADS,
         resources={SLOT: 1},
         silence_logs=logging.WARNING,
+        preload=[WORKER_PRELOAD],
         **rmm,
     )
 
@@ -180,6 +211,7 @@ def _start_cpu(rc: ResolvedCluster) -> LocalCluster:
         host="127.0.0.1",
         dashboard_address=rc.dashboard,
         silence_logs=logging.WARNING,
+        preload=[WORKER_PRELOAD],
     )
 
 
@@ -189,21 +221,34 @@ def _describe() -> DeviceFacts:
     return current().facts
 
 
+def describe_workers(client: Client) -> dict[str, DeviceFacts]:
+    """Each worker's device facts (address -> facts), in the order tiles are placed."""
+    facts = client.run(_describe)
+    return dict(sorted(facts.items(), key=lambda kv: (kv[1].host, kv[1].id, kv[0])))
+
+
+def _join(rc: ResolvedCluster, security: Any) -> Client:
+    try:
+        if os.path.isfile(rc.scheduler):  # type: ignore[arg-type]
+            return Client(scheduler_file=rc.scheduler, security=security)
+        return Client(rc.scheduler, security=security)
+    except (OSError, TimeoutError) as e:
+        raise JobInputError(f"cluster.scheduler: could not connect to {scheduler_address(rc.scheduler)} "  # type: ignore[arg-type]
+                            f"({type(e).__name__}: {e}); is the scheduler running, and is the address right?") from None
+
+
 @contextlib.contextmanager
-def open_cluster(rc: ResolvedCluster) -> Iterator[ClusterInfo]:
+def open_cluster(rc: ResolvedCluster, security: Any = None) -> Iterator[ClusterInfo]:
     """Start (or join) the cluster, set each worker's device up, and close what was started.
 
     The cluster is closed on success, failure and Ctrl-C alike; a joined cluster is left
-    running.
+    running. ``security`` (a ``distributed.security.Security``) is for joining over TLS.
     """
     cluster = None
     client = None
     try:
         if rc.scheduler:
-            if os.path.isfile(rc.scheduler):
-                client = Client(scheduler_file=rc.scheduler)
-            else:
-                client = Client(rc.scheduler)
+            client = _join(rc, security)
         else:
             with warnings.catch_warnings():
                 # A taken dashboard port moves to a free one; the address printed is the real one.
@@ -221,17 +266,17 @@ def open_cluster(rc: ResolvedCluster) -> Iterator[ClusterInfo]:
             # The task stream records only once its scheduler plugin exists, which opening a
             # dashboard page does; asking for it here keeps every task for a later look.
             client.get_task_stream(start=time.time())
-        facts = client.run(_describe)
-        if not facts:
+        ordered = describe_workers(client)
+        if not ordered:
             raise JobInputError(f"cluster.scheduler: the scheduler at {rc.scheduler} has no workers")
-        ordered = dict(sorted(facts.items(), key=lambda kv: (kv[1].host, kv[1].id, kv[0])))
         # Workers started without the resource (a joined cluster's) run tiles one per thread.
         workers = client.scheduler_info(n_workers=-1)["workers"]
         slots = all(SLOT in workers.get(addr, {}).get("resources", {}) for addr in ordered)
         yield ClusterInfo(client, rc, owned=cluster is not None, devices=ordered, spills=rc.spill == "managed",
                           slots=slots)
     finally:
-        if client is not None:
-            client.close()
-        if cluster is not None:
-            cluster.close()
+        with deferred():  # a signal now would leave worker processes behind
+            if client is not None:
+                client.close()
+            if cluster is not None:
+                cluster.close()

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .spec import Job
     from .workloads.base import TileRecord, Workload
 
-__all__ = ["Allocator", "Result", "allocator_cell", "build_result", "print_result"]
+__all__ = ["Allocator", "Recovery", "Result", "allocator_cell", "build_result", "print_result"]
 
 
 class Throughput(BaseModel):
@@ -74,6 +74,11 @@ class Spill(BaseModel):
     bytes: int = 0
 
 
+class Recovery(BaseModel):
+    lost_workers: list[str] = []  # addresses of workers that left the cluster during the job
+    recomputed_tiles: list[int] = []  # tiles resubmitted to other workers because theirs was lost
+
+
 class Result(BaseModel):
     """Everything a run reports; ``model_dump_json()`` is the ``--json`` record."""
 
@@ -93,6 +98,7 @@ class Result(BaseModel):
     outputs: list[str]
     plan: dict[str, Any]
     env: dict[str, Any]
+    recovery: Recovery = Recovery()
 
 
 def build_result(
@@ -106,6 +112,7 @@ def build_result(
     outputs: list[str],
     ceilings: dict[str, dict[str, float]] | None = None,
     allocators: dict[str, dict[str, Any]] | None = None,
+    recovery: Recovery | None = None,
 ) -> Result:
     """Fold the tiles' records into the Result.
 
@@ -176,6 +183,7 @@ def build_result(
         plan={"tiles": len(plan.tiles), "placement": plan.placement, "tile_shape": plan.tile_shape,
               "working_set": plan.working_set, "budget": plan.budget},
         env=runtime_env(info),
+        recovery=recovery or Recovery(),
     )
 
 
@@ -225,6 +233,9 @@ def print_result(result: Result, console: Console) -> None:
     if result.spill.events:
         table.add_row("spilled", f"{result.spill.events} allocations, {format_bytes(result.spill.bytes)} "
                       "to managed memory")
+    if result.recovery.lost_workers:
+        table.add_row("recovered", f"lost {', '.join(result.recovery.lost_workers)}; "
+                      f"recomputed tiles {result.recovery.recomputed_tiles[:20]} elsewhere")
     for path in result.outputs:
         table.add_row("output", path)
     console.print(table)

@@ -6,30 +6,31 @@ outputs written by them.
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import time
 import uuid
 from collections import deque
-import contextlib
-import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Callable, Iterator
-
-from distributed import as_completed
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
 
 from . import alloc_stats
 from . import device as _device
-from .cluster import ClusterInfo, open_cluster, resolve_cluster
-from .errors import JobFailed
+from .cluster import ClusterInfo, describe_workers, open_cluster, resolve_cluster, scheduler_address
+from .errors import JobFailed, JobInputError
 from .panels import PanelRef
 from .panels import release as release_panels
 from .planner import Panel, Plan, Tile, check_tiling_keys
-from .results import Result, build_result
+from .recovery import TileTracker
+from .results import Recovery, Result, build_result
 from .roofline import ceilings_for
-from .spec import Job
+from .security import check_tls
+from .spec import Job, check_one_cluster
 from .workloads import get_workload_class
-from .workloads.base import TileRecord, Workload
+from .workloads.base import TileRecord, Workload, injected_delay
 
-__all__ = ["run_job", "run_plan"]
+__all__ = ["run_job", "run_jobs", "run_plan"]
 
 # Tiles queued on each worker under dynamic placement, beyond those running at once: two,
 # so a worker never waits for the client's round trip between short tiles.
@@ -45,8 +46,14 @@ class Events:
 
     def tile_done(self, record: TileRecord) -> None: ...
 
+    def worker_lost(self, worker: str, tiles: list[int]) -> None: ...
+
+    def job_started(self, index: int, job: Job) -> None: ...
+
+    def job_done(self, result: Result) -> None: ...
+
     def finished(self, info: ClusterInfo, result: Result) -> None:
-        """The job is done and its cluster still up (``submit --keep-open`` waits here)."""
+        """The last job is done and its cluster still up (``submit --keep-open`` waits here)."""
 
 
 def _make_panel(workload: Workload, panel: Panel, token: str) -> PanelRef:
@@ -55,6 +62,9 @@ def _make_panel(workload: Workload, panel: Panel, token: str) -> PanelRef:
 
 def _run_tile(workload: Workload, tile: Tile, panels: dict[str, PanelRef] | None = None) -> TileRecord:
     dev = _device.current()
+    delay = injected_delay()
+    if delay:
+        time.sleep(delay)
     h2d, d2h, (events, spilled) = dev.bytes_h2d, dev.bytes_d2h, dev.spill_counts()
     record = workload.run_tile(dev, tile, panels) if panels else workload.run_tile(dev, tile)
     record.bytes_h2d, record.bytes_d2h = dev.bytes_h2d - h2d, dev.bytes_d2h - d2h
@@ -69,72 +79,170 @@ def _warmup(workload: Workload) -> None:
 
 def warm_up(client: Any, workload: Workload, workers: list[str], resources: dict[str, float] | None = None) -> None:
     """Run each worker's warm-up once before the timed tiles (compiles kernels, makes handles)."""
+    # Loosely placed: a worker lost meanwhile must not leave its warm-up waiting forever.
     futures = [client.submit(_warmup, workload, key=f"{workload.name}-warmup-{i}-{uuid.uuid4().hex[:6]}",
-                             workers=[w], allow_other_workers=False, pure=False, resources=resources)
+                             workers=[w], allow_other_workers=True, pure=False, resources=resources)
                for i, w in enumerate(workers)]
     client.gather(futures)
 
 
 def run_plan(
     client: Any, workload: Workload, plan: Plan, on_done: Callable[[TileRecord], None] = lambda r: None,
+    recovery: Recovery | None = None, on_lost: Callable[[str, list[int]], None] = lambda w, t: None,
     resources: dict[str, float] | None = None,
 ) -> list[TileRecord]:
     """Submit every tile where the plan places it and gather the records.
 
-    Static tiles go to their worker; dynamic ones are fed to whichever worker has room,
-    as many as run at once plus ``_DYNAMIC_AHEAD``, so fast workers take more.
-    ``resources`` is what each tile task asks of its worker (see ClusterInfo.tile_resources).
+    The plan's panels are made first, each on its worker; a tile waits for the panels it
+    reads. Static tiles go to their worker; dynamic ones are fed to whichever worker has
+    room, as many as run at once plus ``_DYNAMIC_AHEAD``, so fast workers take more.
+    ``resources`` is what each tile task asks of its worker (ClusterInfo.tile_resources).
+    Tiles of a worker that is lost
+    go to the workers that remain (see :class:`~mgpu.recovery.TileTracker`); ``recovery``,
+    if given, receives the lost workers and the recomputed tiles.
 
     Raises
     ------
     JobFailed
-        If a tile's task raised; the other tiles are cancelled.
+        If a tile's task raised, or every worker was lost; the other tiles are cancelled.
     """
     token = uuid.uuid4().hex[:6]
     prefix = f"{workload.name}-tile"
-    # Panels first, each on its worker; a tile waits for the panels it reads.
+    # Loosely placed like the warm-up: a panel whose worker is lost is made again elsewhere.
     panel_futures = {
         p.name: client.submit(_make_panel, workload, p, token, key=f"{workload.name}-panel-{p.name}-{token}",
-                              workers=[p.worker], allow_other_workers=False, pure=False, resources=resources)
+                              workers=[p.worker], allow_other_workers=True, pure=False, resources=resources)
         for p in plan.panels
     }
 
-    def submit(tile: Tile, worker: str | None) -> Any:
+    def submit(tile: Tile, worker: str | None, attempt: int) -> Any:
+        again = f"-r{attempt}" if attempt else ""
         needs = {name: panel_futures[name] for name in tile.needs}
-        fut = client.submit(
-            _run_tile, workload, tile, needs or None, key=f"{prefix}-{tile.index}-{token}",
+        return client.submit(
+            _run_tile, workload, tile, needs or None, key=f"{prefix}-{tile.index}-{token}{again}",
             workers=[worker] if worker else None, allow_other_workers=False, pure=False, resources=resources,
         )
-        fut.mgpu_worker = worker
-        return fut
 
     records: list[TileRecord] = []
     pending: deque[Tile] = deque()
-    if plan.placement == "static":
-        futures = [submit(t, t.worker) for t in plan.tiles]
-    else:
-        pending.extend(plan.tiles)
-        workers = list(client.scheduler_info(n_workers=-1)["workers"])
-        depth = workload.concurrency + _DYNAMIC_AHEAD
-        futures = [submit(pending.popleft(), w) for _ in range(depth) for w in workers if pending]
-    stream = as_completed(futures)
+    tracker = TileTracker(client, submit, on_lost)
     try:
-        for fut in stream:
-            try:
-                record = fut.result()
-            except Exception as e:
-                raise JobFailed(f"{fut.key} failed on {fut.mgpu_worker or 'a worker'}: {type(e).__name__}: {e}") from e
+        if plan.placement == "static":
+            for t in plan.tiles:
+                tracker.submit(t, t.worker)
+        else:
+            pending.extend(plan.tiles)
+            workers = list(client.scheduler_info(n_workers=-1)["workers"])
+            for _ in range(workload.concurrency + _DYNAMIC_AHEAD):
+                for w in workers:
+                    if pending:
+                        tracker.submit(pending.popleft(), w)
+        for _tile, worker, record in tracker.results():
             records.append(record)
             on_done(record)
             if pending:
-                stream.add(submit(pending.popleft(), fut.mgpu_worker))
+                tracker.submit(pending.popleft(), worker)
     finally:
-        client.cancel([f for f in futures if not f.done()])
-        stream.clear()
+        tracker.cancel()
         if panel_futures:
             client.cancel(list(panel_futures.values()))
             client.run(release_panels, token)  # every tile has ended: no peer still reads them
+        if recovery is not None:
+            recovery.lost_workers = tracker.lost_workers
+            recovery.recomputed_tiles = sorted(tracker.recomputed_tiles)
     return records
+
+
+@dataclass
+class _Prepared:
+    """A job checked and ready: its workload, tiling, and the outputs it will write."""
+
+    job: Job
+    workload: Workload
+    tiling: dict[str, int]
+
+
+def _prepare(job: Job) -> _Prepared:
+    workload_cls = get_workload_class(job.workload)
+    workload = workload_cls(job.params, verify=job.verify)
+    tiling = check_tiling_keys(job.tiling, workload_cls.axes, job.workload)
+    workload.prepare(force=job.force)
+    return _Prepared(job, workload, tiling)
+
+
+def _check_outputs_distinct(prepared: list[_Prepared]) -> None:
+    # Each output is checked against the disk before anything runs; two jobs of one run
+    # writing the same file would pass that check and the later would replace the earlier.
+    seen: dict[str, str] = {}
+    for p in prepared:
+        for sink in p.workload.sinks.values():
+            if sink.keep and sink.path in seen:
+                raise JobInputError(f"params.output: jobs {seen[sink.path]!r} and {p.job.name!r} both write "
+                                    f"{sink.path}; give each job its own output")
+            seen[sink.path] = p.job.name
+
+
+def run_jobs(jobs: Sequence[Job], events: Events | None = None, *, security: Any = None) -> list[Result]:
+    """Run ``jobs`` one after another on one cluster and return their Results.
+
+    The cluster is the one every job's ``cluster:`` section describes (they must agree);
+    it is started (or joined) once. Every job is checked before anything starts. A job
+    that fails its check ends the run: later jobs are not run, and the list is shorter.
+
+    Parameters
+    ----------
+    security
+        A ``distributed.security.Security`` for joining a scheduler over TLS.
+
+    Raises
+    ------
+    JobInputError
+        A job cannot run as written (before any worker starts, except a tile that cannot
+        fit the workers' memory, raised before any task of that job runs).
+    JobFailed
+        A task failed, or every worker was lost.
+    """
+    events = events or Events()
+    check_one_cluster(jobs)
+    resolved = resolve_cluster(jobs[0].cluster)
+    check_tls(scheduler_address(resolved.scheduler) if resolved.scheduler else None, security)
+    prepared = [_prepare(job) for job in jobs]
+    _check_outputs_distinct(prepared)
+    t0 = time.perf_counter()
+    results: list[Result] = []
+    with open_cluster(resolved, security) as info:
+        events.cluster_ready(info)
+        for i, p in enumerate(prepared):
+            if i:
+                t0 = time.perf_counter()
+                # Plan for the workers there are now: one may have been lost in an earlier job.
+                info.devices = describe_workers(info.client)
+                if not info.devices:
+                    raise JobFailed(f"no workers are left to run job {p.job.name!r}")
+            events.job_started(i, p.job)
+            result = _run_prepared(info, p, events, t0)
+            events.job_done(result)
+            results.append(result)
+            if result.status != "ok":
+                break
+        events.finished(info, results[-1])
+    return results
+
+
+def run_job(job: Job, events: Events | None = None, *, security: Any = None) -> Result:
+    """Run ``job`` to completion and return its :class:`~mgpu.results.Result`.
+
+    Input problems (JobInputError) are raised before any worker starts, except those that
+    depend on the workers' memory (a tile that cannot fit), raised before any task runs.
+
+    Raises
+    ------
+    JobInputError
+        The job cannot run as written.
+    JobFailed
+        A task failed. A failed check does not raise: the result's status says "failed".
+    """
+    return run_jobs([job], events, security=security)[0]
 
 
 @contextlib.contextmanager
@@ -151,56 +259,37 @@ def _reference_beside(workload: Workload, plan: Plan, verify: bool) -> Iterator[
         yield pool.submit(workload.reference, plan)
 
 
-def run_job(job: Job, events: Events | None = None) -> Result:
-    """Run ``job`` to completion and return its :class:`~mgpu.results.Result`.
-
-    Input problems (JobInputError) are raised before any worker starts, except those that
-    depend on the workers' memory (a tile that cannot fit), raised before any task runs.
-
-    Raises
-    ------
-    JobInputError
-        The job cannot run as written.
-    JobFailed
-        A task failed. A failed check does not raise: the result's status says "failed".
-    """
-    events = events or Events()
-    workload_cls = get_workload_class(job.workload)
-    workload = workload_cls(job.params, verify=job.verify)
-    tiling = check_tiling_keys(job.tiling, workload_cls.axes, job.workload)
-    resolved = resolve_cluster(job.cluster)
-    workload.prepare(force=job.force)
-    t0 = time.perf_counter()
+def _run_prepared(info: ClusterInfo, p: _Prepared, events: Events, t0: float) -> Result:
+    """Plan, run, check and commit one job on a connected cluster; outputs are kept only if it passed."""
+    job, workload = p.job, p.workload
     sinks = list(workload.sinks.values())
     try:
-        with open_cluster(resolved) as info:
-            events.cluster_ready(info)
-            ceilings = ceilings_for(info.client, info.devices)
-            sharing = workload.concurrency if info.slots else 1  # tiles on one device at once
-            plan = workload.plan(info.devices, info.budget() // sharing, tiling, spill=info.spills)
-            events.planned(plan)
+        ceilings = ceilings_for(info.client, info.devices)
+        sharing = workload.concurrency if info.slots else 1  # tiles on one device at once
+        plan = workload.plan(info.devices, info.budget() // sharing, p.tiling, spill=info.spills)
+        events.planned(plan)
+        for sink in sinks:
+            sink.create()
+        resources = info.tile_resources(workload.concurrency)
+        alloc_stats.begin_job(info.client, list(info.devices))
+        warm_up(info.client, workload, list(info.devices), resources)
+        recovery = Recovery()
+        with _reference_beside(workload, plan, job.verify) as reference:
+            records = run_plan(info.client, workload, plan, events.tile_done, recovery, events.worker_lost,
+                               resources)
+            if reference is not None:
+                workload.judge(records, reference.result())
+        passed = all(r.verify_ok for r in records) if job.verify else None
+        outputs: list[str] = []
+        if passed is not False:
+            outputs = workload.finish(info.client)
             for sink in sinks:
-                sink.create()
-            resources = info.tile_resources(workload.concurrency)
-            alloc_stats.begin_job(info.client, list(info.devices))
-            warm_up(info.client, workload, list(info.devices), resources)
-            with _reference_beside(workload, plan, job.verify) as reference:
-                records = run_plan(info.client, workload, plan, events.tile_done, resources)
-                if reference is not None:
-                    workload.judge(records, reference.result())
-            passed = all(r.verify_ok for r in records) if job.verify else None
-            outputs: list[str] = []
-            if passed is not False:
-                outputs = workload.finish(info.client)
-                for sink in sinks:
-                    sink.commit()
-                outputs = [s.path for s in sinks if s.keep] + outputs
-            allocators = alloc_stats.end_job(info.client, list(info.devices))
-            wall = time.perf_counter() - t0
-            result = build_result(job, workload, info, plan, records, wall_s=wall, outputs=outputs,
-                                  ceilings=ceilings, allocators=allocators)
-            events.finished(info, result)
-            return result
+                sink.commit()
+            outputs = [s.path for s in sinks if s.keep] + outputs
+        allocators = alloc_stats.end_job(info.client, list(info.devices))
+        wall = time.perf_counter() - t0
+        return build_result(job, workload, info, plan, records, wall_s=wall, outputs=outputs,
+                            ceilings=ceilings, allocators=allocators, recovery=recovery)
     finally:
         for sink in sinks:
             sink.discard()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import yaml
 from pydantic import (
@@ -20,7 +20,7 @@ from .errors import JobInputError
 from .sizes import parse_size
 from .workloads import get_workload_class, workload_names
 
-__all__ = ["ClusterSpec", "Job", "ScaleSpec", "apply_overrides", "load_job"]
+__all__ = ["ClusterSpec", "Job", "ScaleSpec", "apply_overrides", "check_one_cluster", "load_job"]
 
 
 class ClusterSpec(BaseModel):
@@ -294,3 +294,23 @@ def load_job(path: str | Path, overrides: list[str] | None = None) -> Job:
     doc = read_job_file(path)
     doc = apply_overrides(doc, overrides or [])
     return validate_job(doc)
+
+
+def check_one_cluster(jobs: Sequence[Job]) -> None:
+    """Jobs submitted together run on one cluster, so their ``cluster:`` sections must agree.
+
+    Raises
+    ------
+    JobInputError
+        Naming the first key that differs and the two jobs.
+    """
+    first = jobs[0]
+    for job in jobs[1:]:
+        for key in ClusterSpec.model_fields:
+            mine, theirs = getattr(job.cluster, key), getattr(first.cluster, key)
+            if mine != theirs:
+                raise JobInputError(
+                    f"cluster.{key}: job {job.name!r} has {mine!r} but the first job, {first.name!r}, has "
+                    f"{theirs!r}; jobs submitted together run on one cluster, so their cluster sections must "
+                    f"agree (make them agree, e.g. --set cluster.{key}=..., or submit them separately)"
+                )

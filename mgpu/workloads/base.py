@@ -16,7 +16,7 @@ from ..device import Device, DeviceFacts
 from ..planner import Plan, Tile
 from ..sources import NpySink
 
-__all__ = ["TileRecord", "Workload", "injected_fault"]
+__all__ = ["TileRecord", "Workload", "injected_delay", "injected_fault"]
 
 
 @dataclass
@@ -50,6 +50,15 @@ def injected_fault(kind: str, tile: Tile) -> bool:
     """
     target = dask.config.get("mgpu.testing.corrupt-tile", default=None)
     return target is not None and int(target) == tile.index
+
+
+def injected_delay() -> float:
+    """Seconds the tests asked every tile to take longer (``mgpu.testing.tile-delay``).
+
+    Read from Dask's config on the worker, so that a job is still running when a test
+    kills a worker or interrupts mgpu.
+    """
+    return float(dask.config.get("mgpu.testing.tile-delay", default=0) or 0)
 
 
 class Workload(ABC):

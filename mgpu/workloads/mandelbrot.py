@@ -155,7 +155,14 @@ class Mandelbrot(Workload):
         if not png:
             return []
         sink = self.sinks["counts"]
-        client.submit(render_png, sink.partial, png, self.params.max_iter, key=f"mandelbrot-png-{os.getpid()}-{time.time_ns()}").result()
+        # A hidden temporary name the client knows, so an interrupted render leaves nothing.
+        partial = os.path.join(os.path.dirname(png), f".{os.path.basename(png)}.{time.time_ns()}.partial.png")
+        try:
+            client.submit(render_png, sink.partial, png, self.params.max_iter, partial,
+                          key=f"mandelbrot-png-{os.getpid()}-{time.time_ns()}").result()
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
         return [png]
 
 
@@ -171,7 +178,7 @@ def _sample(tile: Tile, width: int) -> tuple[list[int], np.ndarray]:
     return rows, np.arange(0, width, stride)
 
 
-def render_png(counts_path: str, png_path: str, max_iter: int) -> None:
+def render_png(counts_path: str, png_path: str, max_iter: int, partial: str | None = None) -> None:
     """Draw counts as a coloured image (points in the set black), at most 4096 px a side.
 
     Runs on a worker, reading the counts through a memory map, so no image data passes
@@ -189,6 +196,6 @@ def render_png(counts_path: str, png_path: str, max_iter: int) -> None:
     shade = np.log1p(view) / np.log1p(max_iter)
     rgba = colormaps["magma"](shade)
     rgba[view >= max_iter] = (0.0, 0.0, 0.0, 1.0)
-    tmp = png_path + ".partial.png"
-    imsave(tmp, rgba)
+    tmp = partial or png_path + ".partial.png"
+    imsave(tmp, rgba, format="png")
     os.replace(tmp, png_path)

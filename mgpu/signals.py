@@ -1,0 +1,93 @@
+"""Ctrl-C and SIGTERM end a run the same clean way.
+
+SIGINT raises KeyboardInterrupt in the main thread; SIGTERM (what ``kill``, Slurm and
+container runtimes send) is made to raise it too, so that one path unwinds both: the
+runner cancels the job's tasks, the cluster mgpu started is closed, and the outputs'
+temporary files are removed. A second signal while that runs is ignored, and a first one that
+arrives while a cluster is being closed waits until it is closed, so the cleanup itself is
+not cut short (SIGKILL still ends everything at once).
+
+The workers of a cluster mgpu starts load this module as a preload (``dask_setup``) and
+ignore SIGINT: Ctrl-C at a terminal reaches every process of the foreground group, and the
+workers are mgpu's to close, not the terminal's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from typing import Any, Iterator
+
+__all__ = ["WORKER_PRELOAD", "Interrupted", "cancel_on_signals", "dask_setup", "deferred"]
+
+_HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+# Passed as ``preload`` to the workers of clusters mgpu starts; see dask_setup.
+WORKER_PRELOAD = __name__
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped by a signal; ``exit_code`` is the shell's 128 + signal number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def _already_stopping(signum: int, frame: Any) -> None:
+    print("mgpu: already stopping: cancelling the tasks and closing the cluster", file=sys.stderr)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    for sig in _HANDLED:
+        signal.signal(sig, _already_stopping)
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def cancel_on_signals() -> Iterator[None]:
+    """Inside the block, SIGINT and SIGTERM raise :class:`Interrupted` (once); the handlers
+    that were there before are put back after it. Outside the main thread, does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in _HANDLED}
+    for sig in _HANDLED:
+        signal.signal(sig, _interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM off while the block runs (closing a cluster); one that
+    arrives meanwhile is delivered again, to the handler before, once the block ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.getsignal(sig) for sig in _HANDLED}
+    for sig in _HANDLED:
+        signal.signal(sig, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if caught:
+            signal.raise_signal(caught[0])
+
+
+def dask_setup(worker: Any) -> None:
+    """Preload of a worker process of a cluster mgpu starts: leave Ctrl-C to mgpu."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
