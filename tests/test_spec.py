@@ -285,3 +285,12 @@ def test_memory_limit_too_small_for_a_minimal_tile(tmp_path, scheduler, workload
     assert len(errors) == 1 and "cluster.memory_limit:" in errors[0], res.stderr
     assert "budget" in errors[0] or "cannot hold" in errors[0]
     assert sorted(os.listdir(tmp_path)) == ["job.yaml"]  # no output, no .partial, no JSON
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).resolve().parents[1].joinpath("jobs").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_shipped_job_file_is_valid(path):
+    from mgpu.spec import load_job
+
+    job = load_job(path, [])
+    assert job.name == path.stem
