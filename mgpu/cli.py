@@ -106,6 +106,17 @@ class _Reporter(Events):
             self.progress = None
 
 
+def _overrides(sets: tuple[str, ...], *, no_dashboard: bool, no_verify: bool, **cluster: str | None) -> list[str]:
+    """The --set overrides plus those the flags shared by submit and scale stand for."""
+    overrides = list(sets)
+    overrides += [f"cluster.{key}={value}" for key, value in cluster.items() if value is not None]
+    if no_dashboard:
+        overrides.append("cluster.dashboard=null")
+    if no_verify:
+        overrides.append("verify=false")
+    return overrides
+
+
 def _devices_override(value: str) -> str:
     value = value.strip()
     if value == "all" or value.isdigit():
@@ -152,17 +163,10 @@ def submit(job_files: tuple[Path, ...], devices: str | None, backend: str | None
     if scheduler and scheduler_file:
         raise click.UsageError("give --scheduler or --scheduler-file, not both")
     scheduler = scheduler or (str(Path(scheduler_file).resolve()) if scheduler_file else None)
-    overrides = list(sets)
+    overrides = _overrides(sets, backend=backend, allocator=allocator, scheduler=scheduler, dashboard=dashboard,
+                           no_dashboard=no_dashboard, no_verify=no_verify)
     if devices is not None:
         overrides.append(f"cluster.devices={_devices_override(devices)}")
-    for key, value in (("backend", backend), ("allocator", allocator), ("scheduler", scheduler),
-                       ("dashboard", dashboard)):
-        if value is not None:
-            overrides.append(f"cluster.{key}={value}")
-    if no_dashboard:
-        overrides.append("cluster.dashboard=null")
-    if no_verify:
-        overrides.append("verify=false")
     if force:
         overrides.append("force=true")
 
@@ -303,14 +307,8 @@ def scale(job_file: Path, out_dir: Path, counts: str | None, repeat: int, weak: 
     from .report import row_from_result, with_efficiency, write_report
     from .scale import default_counts, parse_counts, parse_sizes, plan_sweep, run_sweep, size_label
 
-    overrides = list(sets)
-    for key, value in (("backend", backend), ("allocator", allocator), ("dashboard", dashboard)):
-        if value is not None:
-            overrides.append(f"cluster.{key}={value}")
-    if no_dashboard:
-        overrides.append("cluster.dashboard=null")
-    if no_verify:
-        overrides.append("verify=false")
+    overrides = _overrides(sets, backend=backend, allocator=allocator, dashboard=dashboard,
+                           no_dashboard=no_dashboard, no_verify=no_verify)
     console = Console(stderr=True, quiet=quiet)  # a line per run; the table goes to stdout
     reporter = _SweepReporter(console, show_progress=not quiet and console.is_terminal)
     rows: list[dict[str, Any]] = []
