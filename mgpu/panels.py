@@ -14,6 +14,7 @@ whole allocation, which a pool's sub-allocations are not.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import threading
@@ -51,7 +52,7 @@ def publish(dev: Any, token: str, name: str, shape: tuple[int, ...], dtype: str,
     if dev.is_gpu:
         import cupy
 
-        nbytes = max(1, int(cupy.dtype(dtype).itemsize * _size(shape)))
+        nbytes = max(1, int(cupy.dtype(dtype).itemsize * math.prod(shape)))
         memory = cupy.cuda.memory.Memory(nbytes)  # cudaMalloc: its own IPC-able allocation
         arr = cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(memory, 0))
         with dev.on_stream():
@@ -68,13 +69,6 @@ def publish(dev: Any, token: str, name: str, shape: tuple[int, ...], dtype: str,
     with _LOCK:
         _STORE.setdefault(token, {})[name] = arr
     return ref
-
-
-def _size(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def resident(ref: PanelRef) -> Any | None:
@@ -135,7 +129,7 @@ def copy_rows(dst: Any, panel: RemotePanel, rows: tuple[int, int], stream: Any) 
     import cupy
 
     shape, itemsize = panel.ref.shape, cupy.dtype(panel.ref.dtype).itemsize
-    row_bytes = itemsize * _size(shape[1:])
+    row_bytes = itemsize * math.prod(shape[1:])
     nbytes = (rows[1] - rows[0]) * row_bytes
     cupy.cuda.runtime.memcpyAsync(dst.data.ptr, panel.ptr + rows[0] * row_bytes, nbytes,
                                   cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
