@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .spec import Job
     from .workloads.base import TileRecord, Workload
 
-__all__ = ["Allocator", "Recovery", "Result", "allocator_cell", "build_result", "print_result"]
+__all__ = ["Allocator", "Recovery", "Result", "Startup", "allocator_cell", "build_result", "print_result"]
 
 
 class Throughput(BaseModel):
@@ -74,6 +74,16 @@ class Spill(BaseModel):
     bytes: int = 0
 
 
+class Startup(BaseModel):
+    """Where the time before the first finished tile went, in seconds (client clock)."""
+
+    cluster_s: float  # starting (or joining) the cluster and setting its workers up; 0 after the first job
+    ceilings_s: float  # the devices' ceilings, read from the cache or measured
+    plan_s: float
+    warmup_s: float  # each worker's untimed warm-up
+    first_tile_s: float | None  # from the warm-up's end to the first tile's record
+
+
 class Recovery(BaseModel):
     lost_workers: list[str] = []  # addresses of workers that left the cluster during the job
     recomputed_tiles: list[int] = []  # tiles resubmitted to other workers because theirs was lost
@@ -99,6 +109,7 @@ class Result(BaseModel):
     plan: dict[str, Any]
     env: dict[str, Any]
     recovery: Recovery = Recovery()
+    startup: Startup | None = None
 
 
 def build_result(
@@ -113,6 +124,7 @@ def build_result(
     ceilings: dict[str, dict[str, float]] | None = None,
     allocators: dict[str, dict[str, Any]] | None = None,
     recovery: Recovery | None = None,
+    startup: Startup | None = None,
 ) -> Result:
     """Fold the tiles' records into the Result.
 
@@ -184,6 +196,7 @@ def build_result(
               "working_set": plan.working_set, "budget": plan.budget},
         env=runtime_env(info),
         recovery=recovery or Recovery(),
+        startup=startup,
     )
 
 
@@ -222,6 +235,11 @@ def print_result(result: Result, console: Console) -> None:
         table.add_row("of hardware limit", f"{result.roofline.fraction:.1%} of {result.roofline.limit:.4g} "
                       f"{result.throughput.unit} ({result.roofline.basis})")
     table.add_row("compute / wall", f"{result.compute_s:.3f} s / {result.wall_s:.3f} s")
+    if result.startup:
+        st = result.startup
+        first = f", first tile {st.first_tile_s:.2f} s" if st.first_tile_s is not None else ""
+        table.add_row("start-up", f"cluster {st.cluster_s:.2f} s, ceilings {st.ceilings_s:.2f} s, plan {st.plan_s:.3f} s, "
+                      f"warm-up {st.warmup_s:.2f} s{first}")
     v = result.verify
     if v.passed is None:
         table.add_row("verify", "off")

@@ -23,7 +23,7 @@ from .panels import PanelRef
 from .panels import release as release_panels
 from .planner import Panel, Plan, Tile, check_tiling_keys
 from .recovery import TileTracker
-from .results import Recovery, Result, build_result
+from .results import Recovery, Result, Startup, build_result
 from .roofline import ceilings_for
 from .security import check_tls
 from .spec import Job, check_one_cluster
@@ -211,6 +211,7 @@ def run_jobs(jobs: Sequence[Job], events: Events | None = None, *, security: Any
     t0 = time.perf_counter()
     results: list[Result] = []
     with open_cluster(resolved, security) as info:
+        cluster_s = time.perf_counter() - t0
         events.cluster_ready(info)
         for i, p in enumerate(prepared):
             if i:
@@ -220,7 +221,7 @@ def run_jobs(jobs: Sequence[Job], events: Events | None = None, *, security: Any
                 if not info.devices:
                     raise JobFailed(f"no workers are left to run job {p.job.name!r}")
             events.job_started(i, p.job)
-            result = _run_prepared(info, p, events, t0)
+            result = _run_prepared(info, p, events, t0, cluster_s if i == 0 else 0.0)
             events.job_done(result)
             results.append(result)
             if result.status != "ok":
@@ -259,24 +260,33 @@ def _reference_beside(workload: Workload, plan: Plan, verify: bool) -> Iterator[
         yield pool.submit(workload.reference, plan)
 
 
-def _run_prepared(info: ClusterInfo, p: _Prepared, events: Events, t0: float) -> Result:
+def _run_prepared(info: ClusterInfo, p: _Prepared, events: Events, t0: float, cluster_s: float) -> Result:
     """Plan, run, check and commit one job on a connected cluster; outputs are kept only if it passed."""
     job, workload = p.job, p.workload
     sinks = list(workload.sinks.values())
+    marks = [time.perf_counter()]  # start, ceilings, plan, warm-up, first tile
     try:
         ceilings = ceilings_for(info.client, info.devices)
+        marks.append(time.perf_counter())
         sharing = workload.concurrency if info.slots else 1  # tiles on one device at once
         plan = workload.plan(info.devices, info.budget() // sharing, p.tiling, spill=info.spills)
+        marks.append(time.perf_counter())
         events.planned(plan)
         for sink in sinks:
             sink.create()
         resources = info.tile_resources(workload.concurrency)
         alloc_stats.begin_job(info.client, list(info.devices))
         warm_up(info.client, workload, list(info.devices), resources)
+        marks.append(time.perf_counter())
+
+        def tile_done(record: TileRecord) -> None:
+            if len(marks) == 4:
+                marks.append(time.perf_counter())
+            events.tile_done(record)
+
         recovery = Recovery()
         with _reference_beside(workload, plan, job.verify) as reference:
-            records = run_plan(info.client, workload, plan, events.tile_done, recovery, events.worker_lost,
-                               resources)
+            records = run_plan(info.client, workload, plan, tile_done, recovery, events.worker_lost, resources)
             if reference is not None:
                 workload.judge(records, reference.result())
         passed = all(r.verify_ok for r in records) if job.verify else None
@@ -288,8 +298,11 @@ def _run_prepared(info: ClusterInfo, p: _Prepared, events: Events, t0: float) ->
             outputs = [s.path for s in sinks if s.keep] + outputs
         allocators = alloc_stats.end_job(info.client, list(info.devices))
         wall = time.perf_counter() - t0
+        steps = [b - a for a, b in zip(marks, marks[1:])]
+        startup = Startup(cluster_s=cluster_s, ceilings_s=steps[0], plan_s=steps[1], warmup_s=steps[2],
+                          first_tile_s=steps[3] if len(steps) > 3 else None)
         return build_result(job, workload, info, plan, records, wall_s=wall, outputs=outputs,
-                            ceilings=ceilings, allocators=allocators, recovery=recovery)
+                            ceilings=ceilings, allocators=allocators, recovery=recovery, startup=startup)
     finally:
         for sink in sinks:
             sink.discard()

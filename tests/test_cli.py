@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import mgpu
-from conftest import gpu_count, invoke, write_job
+from conftest import gpu_count, invoke, submit_json, write_job
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,3 +100,16 @@ def test_quiet_prints_nothing_on_success(tmp_path, scheduler):
     res = invoke("submit", job, "--scheduler", scheduler, "-q")
     assert res.code == 0, res.output
     assert res.stdout == "" and res.stderr == ""
+
+
+def test_result_says_where_the_start_up_went(tmp_path):
+    """A cluster mgpu starts: its start, the ceilings, plan, warm-up and first tile are each
+    timed, in order, and together fit inside the job's wall time."""
+    job = write_job(tmp_path / "job.yaml", {"workload": "matmul", "params": {"m": 64, "n": 64, "k": 64},
+                                            "cluster": {"backend": "cpu", "devices": 2, "dashboard": None}})
+    res, data = submit_json(job, tmp_path / "r.json")
+    assert res.code == 0, res.output
+    st = data["startup"]
+    assert st["cluster_s"] > 0.2  # starting two worker processes is never free
+    assert all(st[k] >= 0 for k in ("ceilings_s", "plan_s", "warmup_s")) and st["first_tile_s"] > 0
+    assert sum(st.values()) <= data["wall_s"]
