@@ -20,21 +20,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mgpu import kernels  # noqa: E402
+from peers import _event_median  # noqa: E402  (benchmarks/ is the script's own folder)
 
 
 def _median_seconds(fn, warmup: int = 2, repeat: int = 5) -> tuple[float, list[float]]:
-    for _ in range(warmup):
-        fn()
-    cupy.cuda.Device().synchronize()
-    samples = []
-    for _ in range(repeat):
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        samples.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
-    return float(np.median(samples)), samples
+    return _event_median(cupy, fn, warmup, repeat)
 
 
 def ceilings(quick: bool) -> dict:
@@ -67,9 +57,9 @@ def ceilings(quick: bool) -> dict:
     out["mgpu_dot_kernel_gbps"] = 8 * m / t / 1e9
     # Peer copy GPU0 -> GPU1 with peer access (what a tile move over NVLink can reach).
     if cupy.cuda.runtime.getDeviceCount() > 1 and cupy.cuda.runtime.deviceCanAccessPeer(0, 1):
-        from mgpu.roofline import _enable_peer_access
+        from mgpu.panels import enable_peer_access
 
-        _enable_peer_access(1)
+        enable_peer_access(1)
         with cupy.cuda.Device(1):
             dst1 = cupy.empty(x.nbytes, dtype=cupy.uint8)
         t, _ = _median_seconds(lambda: cupy.cuda.runtime.memcpyPeerAsync(dst1.data.ptr, 1, x.data.ptr, 0, x.nbytes,

@@ -75,21 +75,20 @@ class Device:
     @property
     def stream(self) -> Any:
         """This thread's stream (None on a CPU)."""
-        if self.new_stream is None:
-            return None
-        stream = getattr(self._local, "stream", None)
-        if stream is None:
-            stream = self._local.stream = self.new_stream()
-        return stream
+        return self._thread_stream("stream")
 
     @property
     def copy_stream(self) -> Any:
         """This thread's second stream, for copies that overlap its compute (None on a CPU)."""
+        return self._thread_stream("copy_stream")
+
+    def _thread_stream(self, name: str) -> Any:
         if self.new_stream is None:
             return None
-        stream = getattr(self._local, "copy_stream", None)
+        stream = getattr(self._local, name, None)
         if stream is None:
-            stream = self._local.copy_stream = self.new_stream()
+            stream = self.new_stream()
+            setattr(self._local, name, stream)
         return stream
 
     @property

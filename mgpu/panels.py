@@ -21,7 +21,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PanelRef", "RemotePanel", "copy_rows", "enable_all_peers", "peer_ordinal", "publish", "release", "resident"]
+__all__ = ["PanelRef", "RemotePanel", "copy_rows", "enable_all_peers", "enable_peer_access", "peer_ordinal",
+           "publish", "release", "resident"]
 
 _STORE: dict[str, dict[str, Any]] = {}  # job token -> panel name -> array
 _LOCK = threading.Lock()
@@ -90,30 +91,41 @@ def peer_ordinal(ref: PanelRef) -> int | None:
     return None
 
 
+def enable_peer_access(peer: int) -> None:
+    """Let this process's device 0 reach ``peer`` directly (NVLink or PCIe P2P)."""
+    import cupy
+
+    try:
+        cupy.cuda.runtime.deviceEnablePeerAccess(peer)
+    except cupy.cuda.runtime.CUDARuntimeError as e:
+        if "PeerAccessAlreadyEnabled" not in str(e):
+            raise
+
+
 def enable_all_peers() -> None:
     """Enable peer access from this process's device 0 to every GPU it can reach."""
     import cupy
 
-    from .roofline import _enable_peer_access
-
     for ordinal in range(1, cupy.cuda.runtime.getDeviceCount()):
         if cupy.cuda.runtime.deviceCanAccessPeer(0, ordinal):
-            _enable_peer_access(ordinal)
+            enable_peer_access(ordinal)
 
 
 class RemotePanel:
-    """A peer's panel opened by CUDA IPC for the life of a ``with`` block."""
+    """A peer's panel opened by CUDA IPC for the life of a ``with`` block.
 
-    def __init__(self, ref: PanelRef) -> None:
+    ``peer`` is this process's ordinal of the GPU holding it (see :func:`peer_ordinal`).
+    """
+
+    def __init__(self, ref: PanelRef, peer: int) -> None:
         self.ref = ref
+        self.peer = peer
         self.ptr = 0
 
     def __enter__(self) -> RemotePanel:
         import cupy
 
-        from .roofline import _enable_peer_access
-
-        _enable_peer_access(peer_ordinal(self.ref))
+        enable_peer_access(self.peer)
         self.ptr = cupy.cuda.runtime.ipcOpenMemHandle(self.ref.ipc_handle)
         return self
 

@@ -92,6 +92,8 @@ def _transfer_rates(dev: Device, nbytes: int, repeat: int) -> dict[str, float]:
     import cupy
     import cupyx
 
+    from .panels import enable_peer_access
+
     out: dict[str, float] = {}
     stream = dev.stream
     src = cupy.empty(nbytes, dtype=cupy.uint8)
@@ -103,7 +105,7 @@ def _transfer_rates(dev: Device, nbytes: int, repeat: int) -> dict[str, float]:
     for peer in range(1, cupy.cuda.runtime.getDeviceCount()):
         if not cupy.cuda.runtime.deviceCanAccessPeer(0, peer):
             continue
-        _enable_peer_access(peer)
+        enable_peer_access(peer)
         with cupy.cuda.Device(peer):
             dst = cupy.empty(nbytes, dtype=cupy.uint8)
         copy = lambda: cupy.cuda.runtime.memcpyPeerAsync(  # noqa: E731
@@ -113,17 +115,6 @@ def _transfer_rates(dev: Device, nbytes: int, repeat: int) -> dict[str, float]:
     if rates:
         out["peer"] = min(rates)
     return out
-
-
-def _enable_peer_access(peer: int) -> None:
-    """Let this process's device 0 reach ``peer`` directly (NVLink or PCIe P2P)."""
-    import cupy
-
-    try:
-        cupy.cuda.runtime.deviceEnablePeerAccess(peer)
-    except cupy.cuda.runtime.CUDARuntimeError as e:
-        if "PeerAccessAlreadyEnabled" not in str(e):
-            raise
 
 
 def _cache_path() -> Path:

@@ -236,7 +236,7 @@ class Matmul(Workload):
                 busy = t.seconds
                 br = matvec_f64(xp, b, r) if r is not None else None
             else:
-                c, busy, br, moved, moved_s = self._gemm_from_peer(dev, a, ref_b, r)
+                c, busy, br, moved, moved_s = self._gemm_from_peer(dev, a, ref_b, peer, r)
             if injected_fault(self.name, tile):
                 c[0, 0] += 1
             error = ok = None
@@ -251,7 +251,7 @@ class Matmul(Workload):
         record.bytes_d2d, record.d2d_s = moved, moved_s
         return record
 
-    def _gemm_from_peer(self, dev: Device, a: Any, ref: PanelRef, r: Any) -> tuple[Any, float, Any, int, float]:
+    def _gemm_from_peer(self, dev: Device, a: Any, ref: PanelRef, peer: int, r: Any) -> tuple[Any, float, Any, int, float]:
         """``a @ B`` with B on a peer GPU, copied in row blocks on the copy stream.
 
         Two receive buffers: block i+1 crosses NVLink while block i is multiplied; events
@@ -268,7 +268,7 @@ class Matmul(Workload):
         copies: list[tuple[Any, Any]] = []
         br = cupy.empty(k, dtype=cupy.float64) if r is not None else None
         timers, moved, c = [], 0, None
-        with RemotePanel(ref) as remote:
+        with RemotePanel(ref, peer) as remote:
             def enqueue(i: int) -> Any:
                 nonlocal moved
                 slot = i % 2
