@@ -104,6 +104,26 @@ class Device:
     def _count(self, name: str, nbytes: int) -> None:
         setattr(self._local, name, getattr(self._local, name, 0) + nbytes)
 
+    def count_copy(self, kind: str, nbytes: int, begin: Any, end: Any) -> None:
+        """Count a staged copy (``kind`` "h2d" or "d2h") and keep its events, bracketing
+        the DMA on its stream, for :meth:`copy_seconds`."""
+        self._count(kind, nbytes)
+        pending = getattr(self._local, "copies", None)
+        if pending is None:
+            pending = self._local.copies = []
+        pending.append((kind, begin, end))
+
+    def copy_seconds(self) -> dict[str, float]:
+        """DMA seconds per kind of the copies counted since the last call (waits for them)."""
+        import cupy
+
+        out = {"h2d": 0.0, "d2h": 0.0}
+        for kind, begin, end in getattr(self._local, "copies", None) or []:
+            end.synchronize()
+            out[kind] += cupy.cuda.get_elapsed_time(begin, end) / 1e3
+        self._local.copies = []
+        return out
+
     @contextlib.contextmanager
     def on_stream(self) -> Iterator[None]:
         """Make this thread's non-blocking stream current for CuPy calls inside."""

@@ -40,6 +40,7 @@ class PanelRef:
     pid: int
     gpu_uuid: bytes | None = None  # the owner's GPU; None on CPU workers
     ipc_handle: bytes | None = None
+    record: Any = None  # the TileRecord (kind "panel") of its making: time and bytes moved
 
 
 def _uuid(ordinal: int) -> bytes:

@@ -58,6 +58,10 @@ class DeviceRow(BaseModel):
     bytes_d2h: int = 0
     bytes_d2d: int = 0
     d2d_gbps: float | None = None  # rate of the peer copies alone (they overlap compute)
+    h2d_gbps: float | None = None  # rate of the staged host->device DMAs alone
+    d2h_gbps: float | None = None
+    # Share of the DMA time hidden under compute: (busy + DMA - span) / DMA, at least.
+    copy_overlap: float | None = None
     peak_memory: int = 0
     allocator: Allocator | None = None
 
@@ -82,6 +86,14 @@ class Startup(BaseModel):
     plan_s: float
     warmup_s: float  # each worker's untimed warm-up
     first_tile_s: float | None  # from the warm-up's end to the first tile's record
+
+
+class Pcie(BaseModel):
+    """Bytes between host and devices, for jobs whose inputs or outputs live on the host."""
+
+    bytes: int  # moved in this run, both directions, all devices
+    minimum_bytes: int  # every input read once and the output written once
+    naive_bytes: int | None = None  # had each tile read its own inputs over PCIe
 
 
 class Recovery(BaseModel):
@@ -110,6 +122,7 @@ class Result(BaseModel):
     env: dict[str, Any]
     recovery: Recovery = Recovery()
     startup: Startup | None = None
+    pcie: Pcie | None = None
 
 
 def build_result(
@@ -125,6 +138,7 @@ def build_result(
     allocators: dict[str, dict[str, Any]] | None = None,
     recovery: Recovery | None = None,
     startup: Startup | None = None,
+    panel_records: list[TileRecord] | None = None,
 ) -> Result:
     """Fold the tiles' records into the Result.
 
@@ -132,10 +146,11 @@ def build_result(
     start to its last tile's end: cluster start-up is out, input generation, checks and
     idle gaps between tiles are in. Throughput is all tiles' work over that span.
     ``allocators`` (worker address -> figures, see :mod:`mgpu.alloc_stats`) fill each
-    row's allocator and its peak memory.
+    row's allocator and its peak memory. ``panel_records`` (panels made before the tiles
+    that read them) count in each worker's span and bytes, not in its tiles.
     """
     by_worker: dict[str, list[TileRecord]] = defaultdict(list)
-    for r in records:
+    for r in [*records, *(panel_records or [])]:
         by_worker[r.worker].append(r)
     rows = []
     facts_by_id = {(f.host, f.id): (addr, f) for addr, f in info.devices.items()}
@@ -151,9 +166,12 @@ def build_result(
                 id=first.device,
                 name=facts.name if facts else "?",
                 memory=facts.memory if facts else 0,
-                tiles=len(recs),
+                tiles=sum(r.kind == "tile" for r in recs),
                 busy_s=sum(r.busy_s for r in recs),
                 span_s=max(r.stop for r in recs) - min(r.start for r in recs),
+                h2d_gbps=_rate(sum(r.bytes_h2d for r in recs), sum(r.h2d_s for r in recs)),
+                d2h_gbps=_rate(sum(r.bytes_d2h for r in recs), sum(r.d2h_s for r in recs)),
+                copy_overlap=_overlap(recs),
                 bytes_h2d=sum(r.bytes_h2d for r in recs),
                 bytes_d2h=sum(r.bytes_d2h for r in recs),
                 bytes_d2d=sum(r.bytes_d2d for r in recs),
@@ -176,6 +194,11 @@ def build_result(
 
     throughput = _throughput(work / workload.unit_scale, compute_s, max((d.busy_s for d in rows), default=0.0),
                              workload.unit)
+    host_bytes = workload.host_bytes()
+    pcie = None
+    if host_bytes is not None:
+        pcie = Pcie(bytes=sum(d.bytes_h2d + d.bytes_d2h for d in rows), minimum_bytes=host_bytes,
+                    naive_bytes=workload.naive_host_bytes(plan))
 
     return Result(
         status="failed" if verify.passed is False else "ok",
@@ -187,7 +210,7 @@ def build_result(
         wall_s=wall_s,
         compute_s=compute_s,
         throughput=throughput,
-        roofline=_roofline(throughput, workload.ceiling(), ceilings or {}),
+        roofline=_roofline(throughput, workload.ceiling(), ceilings or {}, work / workload.unit_scale, host_bytes),
         per_device=rows,
         spill=Spill(events=sum(r.spill_events for r in records), bytes=sum(r.spill_bytes for r in records)),
         verify=verify,
@@ -197,6 +220,7 @@ def build_result(
         env=runtime_env(info),
         recovery=recovery or Recovery(),
         startup=startup,
+        pcie=pcie,
     )
 
 
@@ -204,14 +228,39 @@ def _rate(nbytes: int, seconds: float) -> float | None:
     return nbytes / seconds / 1e9 if nbytes and seconds > 0 else None
 
 
-def _roofline(throughput: Throughput, key: str, ceilings: dict[str, dict[str, float]]) -> Roofline | None:
-    """The summed single-device ceilings of every worker, and the share the run reached."""
+def _overlap(recs: list[TileRecord]) -> float | None:
+    """The least share of a worker's DMA time that ran under its compute.
+
+    Device work (kernels plus DMAs) that does not fit in the span must have overlapped:
+    (busy + DMA - span) / DMA, between 0 and 1; None without staged copies.
+    """
+    dma = sum(r.h2d_s + r.d2h_s for r in recs)
+    if dma <= 0:
+        return None
+    span = max(r.stop for r in recs) - min(r.start for r in recs)
+    return min(1.0, max(0.0, (sum(r.busy_s for r in recs) + dma - span) / dma))
+
+
+def _roofline(throughput: Throughput, key: str, ceilings: dict[str, dict[str, float]], work: float = 0.0,
+              host_bytes: int | None = None) -> Roofline | None:
+    """The summed single-device ceilings of every worker, and the share the run reached.
+
+    With ``host_bytes`` (inputs or outputs on the host), the bound is the slower of the
+    compute at that rate and those bytes over the summed pinned host->device rate.
+    """
     rates = [c[key] for c in ceilings.values() if key in c]
     if not rates or len(rates) != len(ceilings):
         return None
     limit = sum(rates)
-    return Roofline(limit=limit, fraction=throughput.value / limit,
-                    basis=f"{len(rates)} x {key} measured on one device alone")
+    basis = f"{len(rates)} x {key} measured on one device alone"
+    pcie = [c.get("h2d_pinned") for c in ceilings.values()]
+    if host_bytes and work > 0 and all(pcie):
+        compute_s, pcie_s = work / limit, host_bytes / 1e9 / sum(pcie)
+        if pcie_s > compute_s:
+            limit, basis = work / pcie_s, f"{len(rates)} x h2d_pinned for {format_bytes(host_bytes)} over PCIe"
+        else:
+            basis += f" (PCIe for {format_bytes(host_bytes)} would take {pcie_s:.3g} s, compute {compute_s:.3g} s)"
+    return Roofline(limit=limit, fraction=throughput.value / limit, basis=basis)
 
 
 def _throughput(work: float, compute_s: float, busy_s: float, unit: str) -> Throughput:
@@ -248,6 +297,10 @@ def print_result(result: Result, console: Console) -> None:
         tiles = f", failed tiles {v.failed_tiles[:10]}" if v.failed_tiles else ""
         table.add_row("verify", f"{'passed' if v.passed else '[red]FAILED[/red]'} ({v.method}{err}{tiles})")
     table.add_row("plan", f"{result.plan['tiles']} tiles {result.plan['tile_shape']}, {result.plan['placement']}")
+    if result.pcie:
+        naive = f", {format_bytes(result.pcie.naive_bytes)} if every tile read its own" if result.pcie.naive_bytes else ""
+        table.add_row("PCIe", f"{format_bytes(result.pcie.bytes)} moved; at least {format_bytes(result.pcie.minimum_bytes)}"
+                      f"{naive}")
     if result.spill.events:
         table.add_row("spilled", f"{result.spill.events} allocations, {format_bytes(result.spill.bytes)} "
                       "to managed memory")
@@ -262,9 +315,14 @@ def print_result(result: Result, console: Console) -> None:
     for d in result.per_device:
         peer = format_bytes(d.bytes_d2d) + (f" at {d.d2d_gbps:.0f} GB/s" if d.d2d_gbps else "")
         devices.add_row(f"{d.host}:{d.id}", d.name, str(d.tiles), f"{d.busy_s:.3f}", f"{d.span_s:.3f}",
-                        format_bytes(d.bytes_h2d), format_bytes(d.bytes_d2h), peer,
+                        _moved(d.bytes_h2d, d.h2d_gbps, d.copy_overlap), _moved(d.bytes_d2h, d.d2h_gbps, None), peer,
                         allocator_cell(d.allocator))
     console.print(devices)
+
+
+def _moved(nbytes: int, gbps: float | None, overlap: float | None) -> str:
+    cell = format_bytes(nbytes) + (f" at {gbps:.0f} GB/s" if gbps else "")
+    return cell + (f", {overlap:.0%} under compute" if overlap is not None else "")
 
 
 def allocator_cell(a: Allocator | None) -> str:

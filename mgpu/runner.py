@@ -7,6 +7,7 @@ outputs written by them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing
 import time
 import uuid
@@ -56,8 +57,32 @@ class Events:
         """The last job is done and its cluster still up (``submit --keep-open`` waits here)."""
 
 
+@contextlib.contextmanager
+def _counted(dev: _device.Device) -> Iterator[Callable[[TileRecord], None]]:
+    """Count what a task moves and spills; the block's result fills a record with it."""
+    h2d, d2h, (events, spilled) = dev.bytes_h2d, dev.bytes_d2h, dev.spill_counts()
+    if dev.is_gpu:
+        dev.copy_seconds()  # forget copies from before this task (a warm-up's)
+
+    def fill(record: TileRecord) -> None:
+        record.bytes_h2d, record.bytes_d2h = dev.bytes_h2d - h2d, dev.bytes_d2h - d2h
+        now_events, now_spilled = dev.spill_counts()
+        record.spill_events, record.spill_bytes = now_events - events, now_spilled - spilled
+        if dev.is_gpu:
+            seconds = dev.copy_seconds()
+            record.h2d_s, record.d2h_s = seconds["h2d"], seconds["d2h"]
+
+    yield fill
+
+
 def _make_panel(workload: Workload, panel: Panel, token: str) -> PanelRef:
-    return workload.make_panel(_device.current(), panel, token)
+    dev = _device.current()
+    start = time.time()
+    with _counted(dev) as fill:
+        ref = workload.make_panel(dev, panel, token)
+        record = Workload.new_record(dev, Tile(-1, panel.bounds), start, busy_s=0.0, work=0.0, kind="panel")
+        fill(record)
+    return dataclasses.replace(ref, record=record)
 
 
 def _run_tile(workload: Workload, tile: Tile, panels: dict[str, PanelRef] | None = None) -> TileRecord:
@@ -65,11 +90,9 @@ def _run_tile(workload: Workload, tile: Tile, panels: dict[str, PanelRef] | None
     delay = injected_delay()
     if delay:
         time.sleep(delay)
-    h2d, d2h, (events, spilled) = dev.bytes_h2d, dev.bytes_d2h, dev.spill_counts()
-    record = workload.run_tile(dev, tile, panels) if panels else workload.run_tile(dev, tile)
-    record.bytes_h2d, record.bytes_d2h = dev.bytes_h2d - h2d, dev.bytes_d2h - d2h
-    now_events, now_spilled = dev.spill_counts()
-    record.spill_events, record.spill_bytes = now_events - events, now_spilled - spilled
+    with _counted(dev) as fill:
+        record = workload.run_tile(dev, tile, panels) if panels else workload.run_tile(dev, tile)
+        fill(record)
     return record
 
 
@@ -89,7 +112,7 @@ def warm_up(client: Any, workload: Workload, workers: list[str], resources: dict
 def run_plan(
     client: Any, workload: Workload, plan: Plan, on_done: Callable[[TileRecord], None] = lambda r: None,
     recovery: Recovery | None = None, on_lost: Callable[[str, list[int]], None] = lambda w, t: None,
-    resources: dict[str, float] | None = None,
+    resources: dict[str, float] | None = None, panel_records: list[TileRecord] | None = None,
 ) -> list[TileRecord]:
     """Submit every tile where the plan places it and gather the records.
 
@@ -99,7 +122,8 @@ def run_plan(
     ``resources`` is what each tile task asks of its worker (ClusterInfo.tile_resources).
     Tiles of a worker that is lost
     go to the workers that remain (see :class:`~mgpu.recovery.TileTracker`); ``recovery``,
-    if given, receives the lost workers and the recomputed tiles.
+    if given, receives the lost workers and the recomputed tiles; ``panel_records``, if
+    given, the records of the panels' making (their time and bytes belong to the job).
 
     Raises
     ------
@@ -142,6 +166,8 @@ def run_plan(
             on_done(record)
             if pending:
                 tracker.submit(pending.popleft(), worker)
+        if panel_records is not None and panel_futures:
+            panel_records.extend(ref.record for ref in client.gather(list(panel_futures.values())) if ref.record)
     finally:
         tracker.cancel()
         if panel_futures:
@@ -285,8 +311,10 @@ def _run_prepared(info: ClusterInfo, p: _Prepared, events: Events, t0: float, cl
             events.tile_done(record)
 
         recovery = Recovery()
+        panel_records: list[TileRecord] = []
         with _reference_beside(workload, plan, job.verify) as reference:
-            records = run_plan(info.client, workload, plan, tile_done, recovery, events.worker_lost, resources)
+            records = run_plan(info.client, workload, plan, tile_done, recovery, events.worker_lost, resources,
+                               panel_records)
             if reference is not None:
                 workload.judge(records, reference.result())
         passed = all(r.verify_ok for r in records) if job.verify else None
@@ -302,7 +330,8 @@ def _run_prepared(info: ClusterInfo, p: _Prepared, events: Events, t0: float, cl
         startup = Startup(cluster_s=cluster_s, ceilings_s=steps[0], plan_s=steps[1], warmup_s=steps[2],
                           first_tile_s=steps[3] if len(steps) > 3 else None)
         return build_result(job, workload, info, plan, records, wall_s=wall, outputs=outputs,
-                            ceilings=ceilings, allocators=allocators, recovery=recovery, startup=startup)
+                            ceilings=ceilings, allocators=allocators, recovery=recovery, startup=startup,
+                            panel_records=panel_records)
     finally:
         for sink in sinks:
             sink.discard()

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import kernels
+from . import kernels, transfer
 from .device import Device
 from .errors import JobInputError
 
@@ -34,6 +34,12 @@ class RandomSource:
     operand: int
     shape: tuple[int, ...]
     dtype: str
+
+    def read_into(self, dev: Device, out: Any, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> None:
+        """The block into ``out``, an array of its shape on ``dev``."""
+        block = self.read(dev, rows, cols)
+        with dev.on_stream():
+            out[...] = block
 
     def read(self, dev: Device, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> Any:
         """The block ``[rows, cols]`` (for a 1-D operand, ``rows`` is the element range)."""
@@ -83,11 +89,18 @@ class NpySource:
     def shape(self) -> tuple[int, ...]:
         return self.info.shape
 
-    def read(self, dev: Device, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> Any:
+    def view(self, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> np.ndarray:
+        """The block as a view of the file's memory map (nothing read yet)."""
         mm = np.load(self.info.path, mmap_mode="r")
-        block = mm[rows[0] : rows[1]] if cols is None else mm[rows[0] : rows[1], cols[0] : cols[1]]
-        with dev.on_stream():
-            return dev.to_device(np.ascontiguousarray(block))
+        return mm[rows[0] : rows[1]] if cols is None else mm[rows[0] : rows[1], cols[0] : cols[1]]
+
+    def read(self, dev: Device, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> Any:
+        """The block on ``dev``, staged through pinned memory (see :mod:`mgpu.transfer`)."""
+        return transfer.load(dev, self.view(rows, cols))
+
+    def read_into(self, dev: Device, out: Any, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> None:
+        """The block into ``out``, a C-contiguous array of its shape on ``dev``."""
+        transfer.load(dev, self.view(rows, cols), out)
 
 
 def input_files(value: object, names: tuple[str, str]) -> object:
@@ -145,10 +158,17 @@ class NpySink:
         mm = np.lib.format.open_memmap(self.partial, mode="w+", dtype=self.dtype, shape=self.shape)
         del mm
 
-    def write(self, index: tuple[slice, ...], block: np.ndarray) -> None:
+    def write(self, index: tuple[slice, ...], block: Any, dev: Device | None = None) -> None:
+        """Write ``block`` (on ``dev``, or a host array) at ``index`` of the file.
+
+        Through the shared memory map, the page cache holds the bytes for every process at
+        once; nothing is synced to disk here (the rename on success publishes the file).
+        """
         mm = np.load(self.partial, mmap_mode="r+")
-        mm[index] = block
-        mm.flush()
+        if dev is None:
+            mm[index] = block
+        else:
+            transfer.store(dev, mm[index], block)
         del mm
 
     def commit(self) -> None:

@@ -34,6 +34,9 @@ class TileRecord:
     bytes_d2h: int = 0
     bytes_d2d: int = 0  # received from another GPU, peer to peer
     d2d_s: float = 0.0  # device time of those copies
+    h2d_s: float = 0.0  # device time of the staged host->device copies (see mgpu.transfer)
+    d2h_s: float = 0.0
+    kind: str = "tile"  # "panel": the making of a panel the tiles read (see mgpu.panels)
     value: float | None = None
     spill_events: int = 0
     spill_bytes: int = 0
@@ -107,6 +110,15 @@ class Workload(ABC):
 
     def reduce(self, records: list[TileRecord]) -> float | None:
         """The job's scalar answer from the tiles' records, where it has one."""
+        return None
+
+    def host_bytes(self) -> int | None:
+        """Bytes that must cross PCIe at least (inputs read once, output written once) when
+        the job's data lives on the host (files); None when it is made on the devices."""
+        return None
+
+    def naive_host_bytes(self, plan: Plan) -> int | None:
+        """Bytes PCIe would carry had every tile read its own inputs from the host."""
         return None
 
     def reference(self, plan: Plan) -> Any:

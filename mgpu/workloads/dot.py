@@ -79,6 +79,13 @@ class Dot(Workload):
             NpySource(inspect_npy(p.input["y"], key="input.y")),
         )
 
+    def host_bytes(self) -> int | None:
+        p = self.params
+        return 2 * p.n * np.dtype(p.dtype).itemsize if p.input != "random" else None
+
+    def naive_host_bytes(self, plan: Plan) -> int | None:
+        return self.host_bytes()  # each chunk is read by one tile only
+
     def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *,
              spill: bool = False) -> Plan:
         p = self.params

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from typing import Any, Iterator, Literal
 
@@ -30,6 +31,9 @@ _CUBLAS_TF32_TENSOR_OP_MATH = 3
 # Rows of a peer's B panel per copy: small enough to start computing soon, large enough
 # that each gemm stays efficient.
 _PEER_BLOCK = 4096
+# With an output file, distributed tiles are cut to about this many bytes of C, two run on
+# each GPU at once, and one tile's copy into the file overlaps the other's product.
+_WRITE_TILE_BYTES = 512 << 20
 
 
 class MatmulParams(BaseModel):
@@ -123,6 +127,23 @@ class Matmul(Workload):
         super().__init__(params, verify=verify)
         self.tk = params.k
         self.tile_shape = (64, 64, 64)  # set by plan(); the warm-up's size follows it
+        if params.operands == "distributed" and params.output:
+            self.concurrency = 2  # one tile writes its C into the file while the other computes
+
+    def host_bytes(self) -> int | None:
+        p = self.params
+        itemsize = np.dtype(p.dtype).itemsize
+        inputs = itemsize * (p.m * p.k + p.k * p.n) if p.input != "random" else 0
+        output = itemsize * p.m * p.n if p.output else 0
+        return inputs + output or None
+
+    def naive_host_bytes(self, plan: Plan) -> int | None:
+        p = self.params
+        if self.host_bytes() is None:
+            return None
+        itemsize = np.dtype(p.dtype).itemsize
+        reads = sum(t.size("m") * p.k + p.k * t.size("n") for t in plan.tiles) if p.input != "random" else 0
+        return itemsize * reads + (itemsize * p.m * p.n if p.output else 0)
 
     def sources(self) -> tuple[Any, Any]:
         p = self.params
@@ -169,7 +190,11 @@ class Matmul(Workload):
         """One A row panel and one B column panel per device; tile (i, j) runs where A_i is.
 
         Each device computes its own row of tiles, its own B panel's tile first, so the
-        copies of the other panels overlap that first product.
+        copies of the other panels overlap that first product. With an output file the
+        tiles are cut into row pieces of about ``_WRITE_TILE_BYTES`` of C, two at once per
+        device (see ``concurrency``), so writing one overlaps computing the next.
+        ``budget`` is per tile task; the device holds its panels once and ``concurrency``
+        tiles.
         """
         p = self.params
         if tiling:
@@ -179,38 +204,46 @@ class Matmul(Workload):
         w = len(workers)
         rows, cols = split(p.m, w), split(p.n, w)
         tm, tn = max(hi - lo for lo, hi in rows), max(hi - lo for lo, hi in cols)
-        kb = min(p.k, _PEER_BLOCK)
         itemsize = np.dtype(p.dtype).itemsize
-        # Both panels, one C tile, two receive buffers and a contiguous block of A.
-        need = itemsize * (tm * p.k + p.k * tn + tm * tn + 2 * kb * tn + tm * kb) + 8 * (2 * p.k + tm + tn)
-        if need > budget and not spill:
+        pieces = math.ceil(tm * tn * itemsize / _WRITE_TILE_BYTES) if p.output else 1
+        tms = math.ceil(tm / pieces)
+        kb = min(p.k, _PEER_BLOCK)
+        # Both panels once; per tile its C piece, two receive buffers and a block of A.
+        panels = itemsize * (tm * p.k + p.k * tn)
+        per_tile = itemsize * (tms * tn + 2 * kb * tn + tms * kb) + 8 * (2 * p.k + tms + tn)
+        need = panels + self.concurrency * per_tile
+        if need > budget * self.concurrency and not spill:
             raise JobInputError(
                 f"cluster.memory_limit: params.operands: distributed keeps {format_bytes(need)} per device "
-                f"(its A and B panels and one C tile) but the budget is {format_bytes(budget)}; use more "
-                "devices, a larger budget, or params.operands: per-tile"
+                f"(its A and B panels and {self.concurrency} C tile(s)) but the budget is "
+                f"{format_bytes(budget * self.concurrency)}; use more devices, a larger budget, or "
+                "params.operands: per-tile"
             )
         self.tk = kb
-        self.tile_shape = (tm, tn, kb)
-        panels = [Panel(f"a{i}", "a", {"m": rows[i]}, workers[i]) for i in range(w)]
-        panels += [Panel(f"b{j}", "b", {"n": cols[j]}, workers[j]) for j in range(w)]
+        self.tile_shape = (tms, tn, kb)
+        made = [Panel(f"a{i}", "a", {"m": rows[i]}, workers[i]) for i in range(w)]
+        made += [Panel(f"b{j}", "b", {"n": cols[j]}, workers[j]) for j in range(w)]
         tiles = []
         for i in range(w):
             for step in range(w):
                 j = (i + step) % w
-                tiles.append(Tile(len(tiles), {"m": rows[i], "n": cols[j]}, workers[i], needs=(f"a{i}", f"b{j}")))
-        return Plan(tiles, "static", {"m": tm, "n": tn, "k": p.k}, need, budget, panels=panels,
-                    notes={"operands": "distributed"})
+                for piece in split(rows[i][1] - rows[i][0], pieces):
+                    r = (rows[i][0] + piece[0], rows[i][0] + piece[1])
+                    tiles.append(Tile(len(tiles), {"m": r, "n": cols[j], "a_rows": rows[i]}, workers[i],
+                                      needs=(f"a{i}", f"b{j}")))
+        return Plan(tiles, "static", {"m": tms, "n": tn, "k": p.k}, need, budget * self.concurrency,
+                    panels=made, notes={"operands": "distributed"})
 
     def make_panel(self, dev: Device, panel: Panel, token: str) -> PanelRef:
         p = self.params
         src_a, src_b = self.sources()
         if panel.operand == "a":
             r0, r1 = panel.bounds["m"]
-            shape, read = (r1 - r0, p.k), lambda: src_a.read(dev, (r0, r1), (0, p.k))
+            shape, read = (r1 - r0, p.k), lambda out: src_a.read_into(dev, out, (r0, r1), (0, p.k))
         else:
             c0, c1 = panel.bounds["n"]
-            shape, read = (p.k, c1 - c0), lambda: src_b.read(dev, (0, p.k), (c0, c1))
-        return publish(dev, token, panel.name, shape, p.dtype, lambda out: out.__setitem__(Ellipsis, read()))
+            shape, read = (p.k, c1 - c0), lambda out: src_b.read_into(dev, out, (0, p.k), (c0, c1))
+        return publish(dev, token, panel.name, shape, p.dtype, read)
 
     def _run_panel_tile(self, dev: Device, tile: Tile, panels: dict[str, PanelRef]) -> TileRecord:
         """Tile (i, j) from resident panels: A_i here, B_j here or on a peer GPU."""
@@ -221,8 +254,11 @@ class Matmul(Workload):
         ref_a, ref_b = (panels[name] for name in tile.needs)
         src_a, src_b = self.sources()
         a = resident(ref_a)
-        if a is None:  # only if a worker was replaced: A_i is made here again
+        if a is None:  # only if a worker was replaced: the tile's rows of A_i are made here again
             a = src_a.read(dev, (r0, r1), (0, p.k))
+        else:  # the tile's rows of the panel
+            first = tile.bounds.get("a_rows", (r0, r1))[0]
+            a = a[r0 - first : r1 - first]
         b = resident(ref_b)
         peer = peer_ordinal(ref_b) if b is None and dev.is_gpu else None
         if b is None and peer is None:  # no peer path (other node, CPU): this worker makes B_j itself
@@ -244,7 +280,7 @@ class Matmul(Workload):
                 error = relative_residual(xp, matvec_f64(xp, c, r), matvec_f64(xp, a, br))
                 ok = error <= self.tolerance()
             if "c" in self.sinks:
-                self.sinks["c"].write((slice(r0, r1), slice(c0, c1)), dev.to_host(c))
+                self.sinks["c"].write((slice(r0, r1), slice(c0, c1)), c, dev)
             dev.synchronize()
         record = self.new_record(dev, tile, start, busy_s=busy, work=2.0 * (r1 - r0) * (c1 - c0) * p.k,
                                  verify_error=error, verify_ok=ok)
@@ -329,7 +365,7 @@ class Matmul(Workload):
                 error = relative_residual(xp, matvec_f64(xp, c, r), abr)
                 ok = error <= self.tolerance()
             if "c" in self.sinks:
-                self.sinks["c"].write((slice(r0, r1), slice(c0, c1)), dev.to_host(c))
+                self.sinks["c"].write((slice(r0, r1), slice(c0, c1)), c, dev)
             dev.synchronize()
         return self.new_record(
             dev, tile, start, busy_s=busy, work=2.0 * (r1 - r0) * (c1 - c0) * p.k,

@@ -1,0 +1,160 @@
+"""How fast data moves between an ``.npy`` file in the page cache and a GPU, by each route.
+
+    python3 benchmarks/host_io.py SCRATCH_DIR [--gib 4] [--json OUT.json]
+
+Routes measured (GB/s), each on the same file:
+- file -> pinned buffer, by mmap + NumPy copy and by ``readinto``, with 1..8 threads;
+- pinned -> device (the PCIe rate the bound uses) and pageable -> device;
+- the file's mmap registered with ``cudaHostRegister`` (read-only) and copied to the
+  device directly, with the registration's own cost;
+- device -> a new ``.npy``'s writable mmap, registered, and device -> pinned -> mmap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import click
+import numpy as np
+
+_REGISTER_READ_ONLY = 0x08  # cudaHostRegisterReadOnly
+_REGISTER_PORTABLE = 0x01
+
+
+def _pages(ptr: int, nbytes: int) -> tuple[int, int]:
+    """The page-aligned range that holds ``nbytes`` at ``ptr`` (an .npy's data follows its header)."""
+    base = ptr & ~4095
+    return base, (ptr + nbytes - base + 4095) & ~4095
+
+
+def _rate(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9
+
+
+def _threads_copy(dst: np.ndarray, src: np.ndarray, threads: int) -> None:
+    rows = np.array_split(np.arange(src.shape[0]), threads)
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda r: np.copyto(dst[r[0]:r[-1] + 1], src[r[0]:r[-1] + 1]), [r for r in rows if len(r)]))
+
+
+def _threads_readinto(path: str, offset: int, dst: np.ndarray, threads: int) -> None:
+    flat = dst.reshape(-1).view(np.uint8)
+    parts = np.array_split(np.arange(flat.size, dtype=np.int64), threads)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        def one(p: np.ndarray) -> None:
+            lo, hi = int(p[0]), int(p[-1]) + 1
+            view = memoryview(flat[lo:hi])
+            done = 0
+            while done < hi - lo:
+                done += os.preadv(fd, [view[done:]], offset + lo + done)
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(one, [p for p in parts if len(p)]))
+    finally:
+        os.close(fd)
+
+
+@click.command()
+@click.argument("scratch", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--gib", default=4.0, show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
+def main(scratch: Path, gib: float, json_path: Path | None) -> None:
+    import cupy
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    cols = 16384
+    rows = int(gib * (1 << 30)) // (4 * cols)
+    path = str(scratch / "probe.npy")
+    out: dict[str, float | str] = {}
+    t = time.perf_counter()
+    mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, cols))
+    for r in range(0, rows, 4096):
+        mm[r:r + 4096] = np.float32(r)
+    mm.flush()
+    del mm
+    out["write_file_gbps"] = _rate(rows * cols * 4, time.perf_counter() - t)
+    src = np.load(path, mmap_mode="r")
+    nbytes = src.nbytes
+    offset = src.offset if hasattr(src, "offset") else 128
+    pinned_mem = cupy.cuda.alloc_pinned_memory(nbytes)
+    pinned = np.frombuffer(pinned_mem, np.float32, rows * cols).reshape(rows, cols)
+    for threads in (1, 2, 4, 8, 16):
+        t = time.perf_counter()
+        _threads_copy(pinned, src, threads)
+        out[f"mmap_to_pinned_{threads}t_gbps"] = _rate(nbytes, time.perf_counter() - t)
+        t = time.perf_counter()
+        _threads_readinto(path, offset, pinned, threads)
+        out[f"readinto_pinned_{threads}t_gbps"] = _rate(nbytes, time.perf_counter() - t)
+    assert pinned[4096, 0] == 4096.0
+    dev = cupy.empty((rows, cols), np.float32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    for name, host in (("pinned", pinned), ("pageable_mmap", src)):
+        for _ in range(2):  # the second is the figure
+            stream.synchronize()
+            t = time.perf_counter()
+            if name == "pinned":
+                cupy.cuda.runtime.memcpyAsync(dev.data.ptr, host.ctypes.data, nbytes,
+                                              cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+            else:
+                with stream:
+                    dev.set(np.asarray(host), stream=stream)
+            stream.synchronize()
+            out[f"h2d_{name}_gbps"] = _rate(nbytes, time.perf_counter() - t)
+    # The file's own pages, registered and copied by DMA with no host copy.
+    try:
+        ptr = src.ctypes.data
+        t = time.perf_counter()
+        cupy.cuda.runtime.hostRegister(*_pages(ptr, nbytes), _REGISTER_READ_ONLY | _REGISTER_PORTABLE)
+        out["register_ro_s"] = time.perf_counter() - t
+        for _ in range(2):
+            t = time.perf_counter()
+            cupy.cuda.runtime.memcpyAsync(dev.data.ptr, ptr, nbytes, cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+            stream.synchronize()
+            out["h2d_registered_mmap_gbps"] = _rate(nbytes, time.perf_counter() - t)
+        t = time.perf_counter()
+        cupy.cuda.runtime.hostUnregister(_pages(ptr, nbytes)[0])
+        out["unregister_s"] = time.perf_counter() - t
+        assert float(dev[4096, 0]) == 4096.0
+    except Exception as e:  # noqa: BLE001 - the probe reports what the platform refuses
+        out["register_ro_error"] = repr(e)
+    # Device -> a new file: registered writable mmap, and pinned + host copy.
+    dst_path = str(scratch / "probe-out.npy")
+    dst = np.lib.format.open_memmap(dst_path, mode="w+", dtype=np.float32, shape=(rows, cols))
+    try:
+        t = time.perf_counter()
+        cupy.cuda.runtime.hostRegister(*_pages(dst.ctypes.data, nbytes), _REGISTER_PORTABLE)
+        out["register_rw_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        cupy.cuda.runtime.memcpyAsync(dst.ctypes.data, dev.data.ptr, nbytes, cupy.cuda.runtime.memcpyDeviceToHost,
+                                      stream.ptr)
+        stream.synchronize()
+        out["d2h_registered_mmap_gbps"] = _rate(nbytes, time.perf_counter() - t)
+        cupy.cuda.runtime.hostUnregister(_pages(dst.ctypes.data, nbytes)[0])
+    except Exception as e:  # noqa: BLE001
+        out["register_rw_error"] = repr(e)
+    t = time.perf_counter()
+    cupy.cuda.runtime.memcpyAsync(pinned.ctypes.data, dev.data.ptr, nbytes, cupy.cuda.runtime.memcpyDeviceToHost,
+                                  stream.ptr)
+    stream.synchronize()
+    out["d2h_pinned_gbps"] = _rate(nbytes, time.perf_counter() - t)
+    for threads in (1, 4, 8, 16):
+        dst2 = np.lib.format.open_memmap(str(scratch / f"probe-out{threads}.npy"), mode="w+", dtype=np.float32,
+                                         shape=(rows, cols))
+        t = time.perf_counter()
+        _threads_copy(dst2, pinned, threads)
+        out[f"pinned_to_new_mmap_{threads}t_gbps"] = _rate(nbytes, time.perf_counter() - t)
+        del dst2
+    for line in sorted(out.items()):
+        print(f"{line[0]:32s} {line[1]:.4g}" if isinstance(line[1], float) else f"{line[0]:32s} {line[1]}")
+    if json_path:
+        json_path.write_text(json.dumps(out, indent=1))
+    for f in scratch.glob("probe*.npy"):
+        f.unlink()
+
+
+if __name__ == "__main__":
+    main()

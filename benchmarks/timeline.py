@@ -1,0 +1,87 @@
+"""Where a job's wall time goes on each worker: a tile-by-tile timeline.
+
+    python3 benchmarks/timeline.py JOB.yaml [--set key=value ...] [--json OUT.json]
+
+Runs the job through mgpu's runner (the same path as ``submit``), keeps every tile's
+record as it arrives, and prints, per worker: the span from its first tile's start to
+its last tile's end, the device-busy time inside it, the time with no tile running at
+all (between tasks: Dask's hand-over), and the time inside tasks but off the kernel
+(inputs, checks, copies back). With two tiles per device at once, "no tile running"
+counts only the time when neither runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import click
+
+from mgpu.runner import Events, run_job
+from mgpu.spec import load_job
+from mgpu.workloads.base import TileRecord
+
+
+class _Keep(Events):
+    def __init__(self) -> None:
+        self.records: list[TileRecord] = []
+
+    def tile_done(self, record: TileRecord) -> None:
+        self.records.append(record)
+
+
+def idle_between(intervals: list[tuple[float, float]]) -> float:
+    """Seconds inside [first start, last stop] that no interval covers."""
+    if not intervals:
+        return 0.0
+    intervals = sorted(intervals)
+    idle, reach = 0.0, intervals[0][1]
+    for lo, hi in intervals[1:]:
+        if lo > reach:
+            idle += lo - reach
+        reach = max(reach, hi)
+    return idle
+
+
+def summarise(records: list[TileRecord]) -> dict[str, dict[str, Any]]:
+    """Per worker: span, busy, idle between tasks, in-task overhead, tile count."""
+    by_worker: dict[str, list[TileRecord]] = defaultdict(list)
+    for r in records:
+        by_worker[r.worker].append(r)
+    out = {}
+    for worker, recs in sorted(by_worker.items()):
+        span = max(r.stop for r in recs) - min(r.start for r in recs)
+        busy = sum(r.busy_s for r in recs)
+        in_task = sum(r.stop - r.start for r in recs)
+        out[worker] = {
+            "tiles": len(recs), "span_s": span, "busy_s": busy,
+            "idle_between_s": idle_between([(r.start, r.stop) for r in recs]),
+            "in_task_off_kernel_s": in_task - busy,
+            "tile_s": sorted((round(r.stop - r.start, 4), round(r.busy_s, 4)) for r in recs),
+        }
+    return out
+
+
+@click.command()
+@click.argument("job_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--set", "sets", multiple=True, help="Override a job key, as in submit.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
+def main(job_file: Path, sets: tuple[str, ...], json_path: Path | None) -> None:
+    keep = _Keep()
+    result = run_job(load_job(job_file, list(sets)), keep)
+    summary = summarise(keep.records)
+    print(f"{result.workload}: {result.throughput.value:.4g} {result.throughput.unit}, "
+          f"compute {result.compute_s:.3f} s, wall {result.wall_s:.3f} s")
+    for worker, s in summary.items():
+        print(f"  {worker}: {s['tiles']} tiles, span {s['span_s']:.3f} s, busy {s['busy_s']:.3f} s, "
+              f"no tile running {s['idle_between_s']:.3f} s, in tasks off the kernel {s['in_task_off_kernel_s']:.3f} s")
+    if json_path:
+        records = [{k: v for k, v in vars(r).items() if k != "extra"} for r in keep.records]
+        json_path.write_text(json.dumps({"summary": summary, "records": records,
+                                         "result": result.model_dump(mode="json")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Out-of-core pieces on the CPU: chunking and host copies, .npy reads and writes through
+mgpu.transfer, the PCIe byte counts and the bound of jobs whose data is on the host, and a
+distributed matmul from files to a file on real CPU workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import submit_json, write_job
+from mgpu import transfer
+from mgpu.device import Device, DeviceFacts
+from mgpu.results import Throughput, _roofline
+from mgpu.sources import NpyInfo, NpySink, NpySource
+from mgpu.workloads.matmul import Matmul, MatmulParams
+
+
+def _cpu_device() -> Device:
+    return Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h"))
+
+
+@pytest.mark.parametrize("rows,cols,itemsize,chunk", [(1000, 7, 4, 1024), (3, 10_000, 8, 64), (1, 1, 4, 4096),
+                                                       (17, 5, 2, 10)])
+def test_chunks_cover_every_row_once_within_the_chunk_size(rows, cols, itemsize, chunk):
+    chunks = transfer.chunk_rows((rows, cols), itemsize, chunk)
+    assert chunks[0][0] == 0 and chunks[-1][1] == rows
+    assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+    row_bytes = cols * itemsize
+    for r0, r1 in chunks:
+        assert r1 > r0
+        # A chunk never exceeds the buffer, unless one row alone does (then it is one row).
+        assert (r1 - r0) * row_bytes <= chunk or r1 - r0 == 1
+
+
+def test_host_copy_splits_a_strided_block_over_threads(monkeypatch):
+    monkeypatch.setattr(transfer, "_PARALLEL_BYTES", 64)  # force many parts on a small block
+    big = np.arange(300 * 50, dtype=np.float32).reshape(300, 50)
+    src = big[:, 7:40]  # a column block: strided rows, as a B panel of a row-major file
+    dst = np.zeros((300, 33), np.float32)
+    transfer.host_copy(dst, src)
+    assert np.array_equal(dst, src)
+
+
+def test_npy_source_and_sink_move_blocks_through_transfer(tmp_path):
+    dev = _cpu_device()
+    data = np.random.default_rng(0).standard_normal((40, 30)).astype(np.float32)
+    np.save(tmp_path / "a.npy", data)
+    src = NpySource(NpyInfo(str(tmp_path / "a.npy"), data.shape, "float32"))
+    assert np.array_equal(src.read(dev, (5, 17), (3, 29)), data[5:17, 3:29])
+    out = np.empty((12, 26), np.float32)
+    src.read_into(dev, out, (5, 17), (3, 29))
+    assert np.array_equal(out, data[5:17, 3:29])
+    sink = NpySink.for_path(str(tmp_path / "c.npy"), (40, 30), "float32")
+    sink.create()
+    sink.write((slice(5, 17), slice(3, 29)), out, dev)
+    sink.write((slice(0, 5), slice(None)), data[:5])
+    sink.commit()
+    written = np.load(tmp_path / "c.npy")
+    assert np.array_equal(written[5:17, 3:29], data[5:17, 3:29]) and np.array_equal(written[:5], data[:5])
+    assert not written[17:].any()
+
+
+def test_host_bytes_count_inputs_once_and_naive_counts_each_tile(tmp_path):
+    a = np.zeros((1000, 600), np.float32)
+    b = np.zeros((600, 800), np.float32)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    params = MatmulParams(input={"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")},
+                          output=str(tmp_path / "c.npy"))
+    wl = Matmul(params)
+    # A, B read once and C written once: (1000*600 + 600*800 + 1000*800) * 4 bytes.
+    assert wl.host_bytes() == 4 * (600_000 + 480_000 + 800_000)
+    facts = {"w0": DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h")}
+    plan = wl.plan(facts, 1 << 30, {"m": 500, "n": 400})
+    assert len(plan.tiles) == 4
+    # Each of the 4 tiles reads 500 rows of A and 400 columns of B, all of k.
+    assert wl.naive_host_bytes(plan) == 4 * (4 * (500 * 600 + 600 * 400) + 1000 * 800)
+    generated = Matmul(MatmulParams(m=10, n=10, k=10))
+    assert generated.host_bytes() is None and generated.naive_host_bytes(plan) is None
+
+
+def test_distributed_plan_with_an_output_overlaps_writes(monkeypatch, tmp_path):
+    from mgpu.workloads import matmul
+
+    monkeypatch.setattr(matmul, "_WRITE_TILE_BYTES", 100 * 50 * 8)
+    facts = {f"w{i}": DeviceFacts("cpu", i, "cpu", 1 << 30, 1 << 30, "h") for i in range(2)}
+    wl = Matmul(MatmulParams(m=400, n=100, k=64, dtype="float64", operands="distributed",
+                             output=str(tmp_path / "c.npy")))
+    assert wl.concurrency == 2  # one tile writes while the other computes
+    plan = wl.plan(facts, 1 << 30, {})
+    # Each (A_i, B_j) tile of 200 x 50 float64 is cut into pieces of at most 100 x 50.
+    assert len(plan.tiles) == 2 * 2 * 2
+    for t in plan.tiles:
+        lo, hi = t.bounds["a_rows"]
+        assert lo <= t.bounds["m"][0] < t.bounds["m"][1] <= hi and t.size("m") == 100
+    assert sorted((t.bounds["m"], t.bounds["n"]) for t in plan.tiles) == sorted(
+        {(t.bounds["m"], t.bounds["n"]) for t in plan.tiles})
+    assert Matmul(MatmulParams(m=400, n=100, k=64, operands="distributed")).concurrency == 1
+
+
+def test_distributed_budget_counts_panels_once_and_each_running_tile(tmp_path):
+    facts = {f"w{i}": DeviceFacts("cpu", i, "cpu", 1 << 30, 1 << 30, "h") for i in range(2)}
+    wl = Matmul(MatmulParams(m=2000, n=2000, k=2000, dtype="float32", operands="distributed",
+                             output=str(tmp_path / "c.npy")))
+    plan = wl.plan(facts, 64 << 20, {})
+    panels = 4 * (1000 * 2000 + 2000 * 1000)
+    assert plan.working_set > panels and plan.budget == 2 * (64 << 20)
+    from mgpu.errors import JobInputError
+
+    with pytest.raises(JobInputError, match="memory_limit"):
+        wl.plan(facts, panels // 2, {})  # the budget per tile task: two tasks could not hold the panels
+
+
+def test_the_bound_is_the_slower_of_compute_and_pcie():
+    ceilings = {"w0": {"gemm_float32": 50.0, "h2d_pinned": 50.0}, "w1": {"gemm_float32": 50.0, "h2d_pinned": 50.0}}
+    # 200 TFLOP at 100 TFLOP/s takes 2 s; 40 GB at 100 GB/s takes 0.4 s: compute bound.
+    r = _roofline(Throughput(value=80.0, unit="TFLOP/s"), "gemm_float32", ceilings, 200.0, 40 * 10**9)
+    assert r.limit == pytest.approx(100.0) and r.fraction == pytest.approx(0.8)
+    # 1 TFLOP takes 0.01 s; 40 GB still 0.4 s: PCIe bound, so the limit is 1 TFLOP / 0.4 s.
+    r = _roofline(Throughput(value=2.0, unit="TFLOP/s"), "gemm_float32", ceilings, 1.0, 40 * 10**9)
+    assert r.limit == pytest.approx(2.5) and r.fraction == pytest.approx(0.8) and "h2d_pinned" in r.basis
+
+
+def _files(tmp_path: Path, m: int, k: int, n: int) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    return a, b, {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")}
+
+
+def test_distributed_matmul_from_files_to_a_file(monkeypatch, tmp_path, scheduler):
+    from mgpu.workloads import matmul
+
+    monkeypatch.setattr(matmul, "_WRITE_TILE_BYTES", 20 * 30 * 8)  # several pieces per panel pair
+    a, b, files = _files(tmp_path, 61, 47, 58)
+    out = tmp_path / "c.npy"
+    doc = {"workload": "matmul", "params": {"input": files, "output": str(out), "operands": "distributed"}}
+    res, data = submit_json(write_job(tmp_path / "job.yaml", doc), tmp_path / "r.json", "--scheduler", scheduler)
+    assert res.code == 0, res.output
+    assert data["verify"]["passed"] is True and data["plan"]["tiles"] > 4
+    assert np.allclose(np.load(out), a @ b, rtol=1e-12, atol=1e-12)
+    pcie = data["pcie"]
+    assert pcie["minimum_bytes"] == 8 * (61 * 47 + 47 * 58 + 61 * 58)
+    # The panels' making counts in the job: the workers' spans start with it.
+    assert sum(d["tiles"] for d in data["per_device"]) == data["plan"]["tiles"]
