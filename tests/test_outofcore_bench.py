@@ -128,6 +128,14 @@ def test_ceilings_from_a_real_result_and_from_this_run():
     assert oc.pick_ceilings(None, None)["gemm_float32"] == {"value": None, "source": None}
 
 
+def test_best_runs_per_host_memory_kind():
+    runs = [{"host": "pageable", "block_dim": 8192, "seconds": 9.0}, {"host": "pageable", "block_dim": 4096, "seconds": 11.0},
+            {"host": "pinned", "block_dim": 8192, "seconds": 4.0}, {"host": "pinned", "block_dim": 4096, "seconds": 3.5}]
+    best = oc.best_runs(runs)
+    assert best["pageable"]["block_dim"] == 8192 and best["pinned"]["block_dim"] == 4096
+    assert oc.best_runs(None) == {}
+
+
 def test_rel_max_error_and_sample_rows():
     want = np.array([[1.0, -4.0], [2.0, 0.5]])
     got = want + np.array([[0.0, 0.004], [0.0, 0.0]])
@@ -136,6 +144,51 @@ def test_rel_max_error_and_sample_rows():
     assert rows == sorted(set(rows)) and {0, 500, 999} <= set(rows)
     assert all(0 <= r < 1000 for r in rows)
     assert oc.sample_rows(1) == [0]
+
+
+def _result(seconds_after_warmup: float, **extra):
+    startup = {"cluster_s": 1.0, "ceilings_s": 0.5, "plan_s": 0.0, "warmup_s": 0.5, "first_tile_s": 0.1}
+    return {"status": "ok", "backend": "cuda", "verify": {"passed": True, "max_rel_error": 1e-7},
+            "wall_s": 2.0 + seconds_after_warmup, "compute_s": seconds_after_warmup / 2, "startup": startup,
+            "roofline": {"limit": 100.0, "fraction": 0.5, "basis": "2 x gemm_float32 measured on one device alone"},
+            "per_device": [{"bytes_h2d": 5_000_000, "bytes_d2h": 1_000_000}] * 2, **extra}
+
+
+def test_summary_of_a_gpu_run(capsys):
+    # 1000³ float32 on 2 GPUs of 50 TFLOP/s and 50 GB/s: compute 2e9 / 1e14 = 2e-5 s, PCIe
+    # 12e6 B / 1e11 B/s = 1.2e-4 s, so PCIe-bound at 1.2e-4 s.
+    report = {"n": 1000, "dot_n": 1_000_000, "devices": [0, 1], "checks": {}, "steps": {
+        "ceilings": {"out": {"per_gpu": {"0": {"gemm_float32": 60.0, "h2d_pinned": 40.0},
+                                         "1": {"gemm_float32": 60.0, "h2d_pinned": 60.0}}}},
+        "mgpu-matmul": {"result": _result(2.4e-4)},
+        "mgpu-matmul-per-tile": {"result": _result(4.8e-4, plan={"tile_shape": {"m": 500, "n": 250, "k": 1000}})},
+        "mgpu-dot": {"result": _result(1e-4, value=2.0)},
+        "reference": {"out": {"dot": 2.0}},
+        "cublasxt": {"out": {"status": "ran", "runs": [
+            {"host": "pageable", "block_dim": 512, "seconds": 7.2e-4, "tflops": 2.78},
+            {"host": "pageable", "block_dim": 256, "seconds": 9e-4, "tflops": 2.2},
+            {"host": "pinned", "block_dim": 512, "seconds": 3.6e-4, "tflops": 5.56}]}},
+    }}
+    s = oc.summarize(report)
+    assert s["ceilings"]["gemm_float32"] == {"value": 50.0, "source": "mgpu result"}  # 100 over 2 workers
+    assert s["ceilings"]["h2d_pinned"] == {"value": 50.0, "source": "measured here (CuPy)"}
+    mm = s["matmul"]
+    assert mm["bound"]["bound_by"] == "pcie" and mm["bound"]["seconds"] == pytest.approx(1.2e-4)
+    assert mm["mgpu"]["seconds"] == pytest.approx(2.4e-4)  # after the warm-up, not compute_s
+    assert mm["mgpu"]["share_of_bound"] == pytest.approx(0.5)
+    assert mm["mgpu"]["x_cublasxt"] == {"pageable": pytest.approx(3.0), "pinned": pytest.approx(1.5)}
+    assert mm["per_tile"]["share_of_bound"] == pytest.approx(0.25)
+    assert mm["cublasxt"]["pageable"]["block_dim"] == 512
+    assert mm["cublasxt"]["pinned"]["share_of_bound"] == pytest.approx(1 / 3)
+    # A read 4 times (n / 250), B twice (m / 500), C once.
+    assert s["pcie"] == {"minimum": 12_000_000, "distributed": 12_000_000, "per_tile": 12_000_000,
+                         "per_tile_planned": 28_000_000, "dot": 12_000_000, "dot_minimum": 8_000_000}
+    assert s["dot"]["gbps"] == pytest.approx(80.0) and s["dot"]["share"] == pytest.approx(0.8)
+    assert s["dot"]["rel_error_vs_float64"] == 0.0
+    oc.print_table(s)
+    shown = capsys.readouterr().out
+    assert "pcie-bound" in shown and "cuBLASXt, pinned, block 512" in shown
+    assert "3.00 pageable, 1.50 pinned" in shown and "80.0%" in shown
 
 
 # -- cuBLASXt's arguments --------------------------------------------------------------------
@@ -194,6 +247,19 @@ def test_cublasxt_imports_without_loading_and_checks_operands():
             xt.xt_gemm(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32), devices=(0,))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpu_count() == 0, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype,tol", [(np.float32, 1e-5), (np.float64, 1e-12)])
+def test_xt_gemm_on_one_gpu(dtype, tol):
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((1000, 3000)).astype(dtype), rng.standard_normal((3000, 2000)).astype(dtype)
+    c, seconds = xt.xt_gemm(a, b, devices=(0,), block_dim=512)
+    assert c.shape == (1000, 2000) and c.dtype == dtype and seconds > 0
+    assert oc.rel_max_error(c, a.astype(np.float64) @ b.astype(np.float64)) < tol
+    with xt.CublasXt((0,), 768) as handle:
+        assert handle.block_dim == 768
+
+
 # -- the command ---------------------------------------------------------------------------------
 
 
@@ -205,6 +271,8 @@ def test_cli_rejects_bad_values():
     assert res.exit_code == 2 and "--budget" in res.output
     res = runner.invoke(oc.main, ["out", "--devices", "0,x"])
     assert res.exit_code == 2 and "--devices" in res.output
+    res = runner.invoke(oc.main, ["out", "--xt-host", "pageable,mapped"])
+    assert res.exit_code == 2 and "--xt-host" in res.output
 
 
 def _run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
@@ -248,7 +316,8 @@ def test_quick_run_on_cpu_workers(tmp_path):
     assert mm["mgpu"]["tflops"] == pytest.approx(2 * 256**3 / mm["mgpu"]["seconds"] / 1e12)
     assert mm["bound"]["bound_by"] == "compute"  # no pinned H2D rate on CPU workers
     assert mm["mgpu"]["share_of_bound"] == pytest.approx(mm["bound"]["seconds"] / mm["mgpu"]["seconds"])
-    assert mm["cublasxt"] is None and mm["cublasxt_status"] == "skipped: no GPU"
+    assert mm["cublasxt"] == {} and mm["cublasxt_status"] == "skipped: no GPU"
+    assert mm["mgpu"]["x_cublasxt"] == {}
     # The job files are mgpu's own, valid, with the budget and devices asked for.
     job = load_job(out / "mgpu-matmul.yaml")
     assert job.cluster.memory_limit == 1 << 20 and job.cluster.devices == [0, 1]
