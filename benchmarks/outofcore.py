@@ -665,7 +665,7 @@ def orchestrate(cfg: dict[str, Any], only: set[str] | None) -> dict[str, Any]:
             "quick", "n", "dot_n", "budget", "budget_bytes", "devices", "scratch", "xt_blocks", "xt_host")},
         "dtype": DTYPE, "seed": SEED, "nvidia_smi": _nvidia_smi(), "versions": _versions(),
         "jobs": {p.stem: p.read_text() for p in sorted(outdir.glob("mgpu-*.yaml"))},
-        "steps": {}, "checks": {},
+        "commands": [], "steps": {}, "checks": {},
         "notes": [
             "mgpu seconds: from the end of its warm-up to its result (job_seconds), i.e. reading A and B from "
             "the files, every tile and writing C; compute_s (mgpu's own tile span) is kept beside it.",
@@ -684,6 +684,7 @@ def orchestrate(cfg: dict[str, Any], only: set[str] | None) -> dict[str, Any]:
         for step in steps:
             rec = run_step(step, outdir / "logs", step.timeout)
             report["steps"][step.name] = rec
+            report["commands"].append(rec["cmd"])
             status = "ok" if "error" not in rec else "FAILED: " + " ".join(rec["error"].split())[:200]
             child = rec.get("out") or {}
             if str(child.get("status", "")).startswith("skipped"):

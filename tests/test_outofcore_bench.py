@@ -292,6 +292,7 @@ def test_quick_run_on_cpu_workers(tmp_path):
     report = json.loads((out / "outofcore.json").read_text())
     steps = report["steps"]
     assert "mgpu-matmul-per-tile" not in steps  # --quick
+    assert len(report["commands"]) == len(steps) and any(" -m mgpu submit " in c for c in report["commands"])
     result = steps["mgpu-matmul"]["result"]
     assert result["status"] == "ok" and result["verify"]["passed"] is True and result["backend"] == "cpu"
     assert result["job"]["params"]["operands"] == "distributed"
