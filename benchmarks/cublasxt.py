@@ -113,7 +113,7 @@ def find_libcublas() -> str:
         If no libcublas can be found.
     """
     try:
-        import cupy_backends.cuda.libs.cublas  # noqa: F401  (loads libcublas)
+        import cupy_backends.cuda.libs.cublas  # noqa: F401  (loading it loads libcublas)
     except ImportError:
         try:
             import cupy.cuda.cublas  # noqa: F401

@@ -341,16 +341,22 @@ def child_ceilings(cfg: dict[str, Any], out: dict[str, Any], save: Callable[[], 
     for dev in cfg["devices"]:
         with cupy.cuda.Device(dev):
             gemm = _gemm(cupy, n, "float32", False, 1, 3)
-            host = cupyx.empty_pinned(nbytes, dtype=np.uint8)
-            host[:] = 1
-            dst = cupy.empty(nbytes, dtype=cupy.uint8)
-            stream = cupy.cuda.get_current_stream()
-            t, samples = _event_median(cupy, lambda: dst.set(host, stream=stream), 1, 5)
-            del dst, host
+            h2d, samples = _h2d_gbps(cupy, cupyx, nbytes)
             cupy.get_default_memory_pool().free_all_blocks()
+            cupy.get_default_pinned_memory_pool().free_all_blocks()
             out["per_gpu"][str(dev)] = {"gemm_float32": gemm["value"], "gemm_samples": gemm["samples"],
-                                        "h2d_pinned": nbytes / t / 1e9, "h2d_samples": samples}
+                                        "h2d_pinned": h2d, "h2d_samples": samples}
         save()
+
+
+def _h2d_gbps(cupy: Any, cupyx: Any, nbytes: int) -> tuple[float, list[float]]:
+    """GB/s of a pinned host->device copy of ``nbytes`` on the current device (median of 5)."""
+    host = cupyx.empty_pinned(nbytes, dtype=np.uint8)
+    host[:] = 1
+    dst = cupy.empty(nbytes, dtype=cupy.uint8)
+    stream = cupy.cuda.get_current_stream()
+    t, samples = _event_median(cupy, lambda: dst.set(host, stream=stream), 1, 5)
+    return nbytes / t / 1e9, samples
 
 
 def child_cublasxt(cfg: dict[str, Any], out: dict[str, Any], save: Callable[[], None]) -> None:
