@@ -285,7 +285,7 @@ def _run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(_gpu_count() > 0, reason="the CPU run; on GPUs the benchmark runs cuBLASXt")
 def test_quick_run_on_cpu_workers(tmp_path):
     out, scratch = tmp_path / "out", tmp_path / "scratch"
-    res = _run([str(out), "--quick", "--n", "256", "--dot-n", "100000", "--budget", "1MiB",
+    res = _run([str(out), "--quick", "--n", "256", "--dot-n", "100000", "--budget", "2MiB",
                 "--scratch", str(scratch), "--keep"])
     assert res.returncode == 0, res.stdout + res.stderr
     assert "mgpu matmul, operands distributed" in res.stdout and "skipped: no GPU" in res.stdout
@@ -321,7 +321,7 @@ def test_quick_run_on_cpu_workers(tmp_path):
     assert mm["mgpu"]["x_cublasxt"] == {}
     # The job files are mgpu's own, valid, with the budget and devices asked for.
     job = load_job(out / "mgpu-matmul.yaml")
-    assert job.cluster.memory_limit == 1 << 20 and job.cluster.devices == [0, 1]
+    assert job.cluster.memory_limit == 2 << 20 and job.cluster.devices == [0, 1]
     assert report["jobs"]["mgpu-matmul"] == (out / "mgpu-matmul.yaml").read_text()
     # Kept inputs of the same sizes are reused; without --keep they are removed at the end.
     res = _run([str(out), "--quick", "--n", "256", "--dot-n", "100000", "--scratch", str(scratch), "--only", "inputs"])
