@@ -18,6 +18,7 @@ from mgpu.planner import (
     choose_matmul_tiles,
     matmul_working_set,
     split,
+    split_by_cost,
     split_by_size,
 )
 from mgpu.workloads.dot import Dot, DotParams
@@ -62,6 +63,70 @@ def test_split_by_size_respects_the_size_and_uses_fewest_pieces(n, size):
         assert max(sizes) <= size
         assert len(pieces) == math.ceil(n / size)
         assert max(sizes) - min(sizes) <= 1
+
+
+# -- split_by_cost ----------------------------------------------------------------------
+
+
+def _piece_costs(pieces: list[tuple[int, int]], costs: np.ndarray) -> np.ndarray:
+    return np.array([costs[lo:hi].sum() for lo, hi in pieces])
+
+
+def _bump(n: int) -> np.ndarray:
+    """Mandelbrot-like row costs: ~1 far out, ~300x that in a band around the middle."""
+    r = (np.arange(n) + 0.5) / n - 0.5
+    return 1.0 + 300.0 * np.exp(-((r / 0.12) ** 2))
+
+
+@pytest.mark.parametrize("n", [0, *AWKWARD])
+@pytest.mark.parametrize("parts", [1, 2, 3, 8, 97, 2000])
+def test_split_by_cost_is_exact_near_equal_and_gives_the_parts_asked(n, parts):
+    costs = np.random.default_rng(n * 31 + parts).exponential(size=n) * (np.arange(n) % 5 != 0)  # some zeros
+    pieces = split_by_cost(costs.tolist(), parts, max_size=n)
+    _check_pieces(pieces, n)
+    if n:
+        assert len(pieces) == min(parts, n)
+        if parts < n / 4:  # cuts far enough apart for each to land at its own target
+            got = _piece_costs(pieces, costs)
+            assert np.abs(got - costs.sum() / parts).max() <= costs.max() + 1e-9
+
+
+def test_split_by_cost_balances_what_equal_lengths_do_not():
+    costs = _bump(65_536)
+    equal = _piece_costs(split(65_536, 32), costs)
+    balanced = split_by_cost(costs.tolist(), 32, max_size=65_536)
+    _check_pieces(balanced, 65_536)
+    got = _piece_costs(balanced, costs)
+    assert equal.max() / equal.min() > 100
+    assert len(balanced) == 32 and got.max() / got.min() < 1.01
+    sizes = [hi - lo for lo, hi in balanced]
+    assert sizes[0] > 10 * min(sizes) and sizes[-1] > 10 * min(sizes)  # tall cheap bands at the edges
+
+
+@pytest.mark.parametrize("max_size", [1, 7, 500, 4000])
+def test_split_by_cost_splits_only_the_pieces_longer_than_max_size(max_size):
+    n, parts = 10_007, 16
+    costs = _bump(n).tolist()
+    free = split_by_cost(costs, parts, max_size=n)
+    pieces = split_by_cost(costs, parts, max_size=max_size)
+    _check_pieces(pieces, n)
+    assert max(hi - lo for lo, hi in pieces) <= max_size
+    # Each free piece, cut into as few near-equal pieces as max_size allows, and no more.
+    assert pieces == [(lo + a, lo + b) for lo, hi in free for a, b in split_by_size(hi - lo, max_size)]
+    assert len(pieces) == sum(math.ceil((hi - lo) / max_size) for lo, hi in free) >= parts
+
+
+def test_split_by_cost_degenerate_inputs():
+    assert split_by_cost([], 4, 10) == []
+    assert split_by_cost([3.0, 1.0], 5, 10) == [(0, 1), (1, 2)]  # fewer elements than parts
+    assert split_by_cost([0.0] * 10, 3, 10) == split(10, 3)  # nothing to weigh: equal lengths
+    assert split_by_cost([1.0] * 10, 0, 10) == [(0, 10)]
+    # All the cost in one element: it stands alone, the pieces around it stay non-empty.
+    pieces = split_by_cost([0.0] * 5 + [100.0] + [0.0] * 5, 4, 11)
+    _check_pieces(pieces, 11)
+    assert len(pieces) == 4 and (5, 6) in pieces
+    with pytest.raises(ValueError, match="non-negative"):
+        split_by_cost([1.0, -1.0], 2, 10)
 
 
 # -- assign_contiguous ----------------------------------------------------------------
