@@ -274,6 +274,20 @@ def test_mandelbrot_without_output_checks_and_reports(tmp_path, scheduler):
     assert data["throughput"]["value"] > 0
 
 
+def test_mandelbrot_bands_of_equal_cost_check_and_count_every_pixel(tmp_path, scheduler):
+    """No output and no tiling: bands cut by estimated cost, of unequal height, all checked."""
+    width, height, max_iter = 90, 160, 120
+    data = _submit(tmp_path, scheduler, {"workload": "mandelbrot", "params": {
+        "width": width, "height": height, **WINDOW, "max_iter": max_iter}})
+    tiles = data["plan"]["tiles"]
+    assert tiles == math.ceil(height / math.ceil(height / 16))  # as many bands as equal rows gave
+    assert data["plan"]["tile_shape"]["rows"] > math.ceil(height / tiles)  # the tallest is taller
+    # Every pixel's steps, summed over the bands, are the steps of the whole image.
+    steps = data["throughput"]["value"] * data["compute_s"] * 1e9
+    want = _escape_counts(width, height, **WINDOW, max_iter=max_iter, dtype="float32").sum()
+    assert steps == pytest.approx(want, rel=1e-3)
+
+
 @pytest.mark.parametrize("verify", [True, False])
 def test_mandelbrot_warmup_runs_a_tiny_band_the_way_the_job_does(monkeypatch, verify):
     """The warm-up is run_tile on a tiny band, checked when the job is: on a GPU the check's
