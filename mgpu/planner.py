@@ -97,10 +97,11 @@ def split_by_cost(costs: Sequence[float], parts: int, max_size: int) -> list[tup
     """Split ``range(len(costs))`` into contiguous pieces of about equal summed cost.
 
     ``min(parts, len(costs))`` pieces, cut at the element nearest to where the running cost
-    crosses each ``k / parts`` of the total, so a piece's cost is within one element's of
-    the mean; then any piece longer than ``max_size`` is split into near-equal pieces of at
-    most ``max_size``, so there are more pieces only where ``max_size`` demands them. With no
-    cost at all the pieces are equal in length (:func:`split`).
+    crosses each ``k / parts`` of the total, so a piece's cost is within the largest
+    element's of the mean (unless a few elements hold most of the cost: every piece keeps
+    one element at least). Then any piece longer than ``max_size`` is split into near-equal
+    pieces of at most ``max_size``, so there are more pieces only where ``max_size`` demands
+    them. With no cost at all the pieces are equal in length (:func:`split`).
 
     Parameters
     ----------

@@ -71,7 +71,7 @@ class MandelbrotParams(BaseModel):
 
 
 class Mandelbrot(Workload):
-    """Row bands of the image; bands near the set cost far more, so placement is dynamic."""
+    """Row bands of the image, cut to equal estimated cost and handed out dynamically."""
 
     name = "mandelbrot"
     Params = MandelbrotParams
