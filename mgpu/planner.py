@@ -7,7 +7,9 @@ their ``plan()``; the runner only follows the Plan.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Literal, Sequence
 
 from .errors import JobInputError
@@ -21,6 +23,7 @@ __all__ = [
     "check_tiling_keys",
     "choose_matmul_tiles",
     "split",
+    "split_by_cost",
 ]
 
 
@@ -88,6 +91,56 @@ def split(n: int, parts: int) -> list[tuple[int, int]]:
 def split_by_size(n: int, size: int) -> list[tuple[int, int]]:
     """Split ``range(n)`` into pieces of at most ``size``, as equal as they can be."""
     return split(n, math.ceil(n / max(1, size)))
+
+
+def split_by_cost(costs: Sequence[float], parts: int, max_size: int) -> list[tuple[int, int]]:
+    """Split ``range(len(costs))`` into contiguous pieces of about equal summed cost.
+
+    ``min(parts, len(costs))`` pieces, cut at the element nearest to where the running cost
+    crosses each ``k / parts`` of the total, so a piece's cost is within the largest
+    element's of the mean (unless a few elements hold most of the cost: every piece keeps
+    one element at least). Then any piece longer than ``max_size`` is split into near-equal
+    pieces of at most ``max_size``, so there are more pieces only where ``max_size`` demands
+    them. With no cost at all the pieces are equal in length (:func:`split`).
+
+    Parameters
+    ----------
+    costs
+        The cost of each element (a row, say), non-negative.
+    parts
+        How many pieces to aim for.
+    max_size
+        The most elements one piece may hold.
+
+    Returns
+    -------
+    list of (start, stop)
+        In order, non-empty, covering every element exactly once.
+
+    Raises
+    ------
+    ValueError
+        If a cost is negative.
+    """
+    n = len(costs)
+    if any(c < 0 for c in costs):
+        raise ValueError("costs: must be non-negative")
+    parts = max(1, min(parts, n))
+    prefix = list(accumulate(costs, initial=0.0))
+    total = prefix[-1]
+    if n == 0 or total <= 0:
+        pieces = split(n, parts)
+    else:
+        cuts = [0]
+        for k in range(1, parts):
+            target = total * k / parts
+            at = bisect_left(prefix, target)  # prefix[at] >= target > prefix[at - 1]
+            if at > 0 and target - prefix[at - 1] < prefix[at] - target:
+                at -= 1
+            # Every piece keeps at least one element, before and after this cut.
+            cuts.append(min(max(at, cuts[-1] + 1), n - (parts - k)))
+        pieces = list(zip(cuts, cuts[1:] + [n]))
+    return [(lo + a, lo + b) for lo, hi in pieces for a, b in split_by_size(hi - lo, max_size)]
 
 
 def assign_contiguous(n_tiles: int, workers: Sequence[str]) -> list[str]:

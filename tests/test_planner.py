@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from mgpu.device import DeviceFacts
 from mgpu.errors import JobInputError
+from mgpu.kernels import mandelbrot_axes, mandelbrot_counts
 from mgpu.planner import (
     Plan,
     assign_contiguous,
@@ -18,13 +21,15 @@ from mgpu.planner import (
     choose_matmul_tiles,
     matmul_working_set,
     split,
+    split_by_cost,
     split_by_size,
 )
 from mgpu.workloads.dot import Dot, DotParams
-from mgpu.workloads.mandelbrot import Mandelbrot, MandelbrotParams
+from mgpu.workloads.mandelbrot import Mandelbrot, MandelbrotParams, row_costs
 from mgpu.workloads.matmul import Matmul, MatmulParams
 
 AWKWARD = [1, 2, 3, 7, 13, 97, 101, 1000, 10_007]
+JOBS = Path(__file__).resolve().parents[1] / "jobs"
 
 
 def _check_pieces(pieces: list[tuple[int, int]], n: int) -> None:
@@ -62,6 +67,70 @@ def test_split_by_size_respects_the_size_and_uses_fewest_pieces(n, size):
         assert max(sizes) <= size
         assert len(pieces) == math.ceil(n / size)
         assert max(sizes) - min(sizes) <= 1
+
+
+# -- split_by_cost ----------------------------------------------------------------------
+
+
+def _piece_costs(pieces: list[tuple[int, int]], costs: np.ndarray) -> np.ndarray:
+    return np.array([costs[lo:hi].sum() for lo, hi in pieces])
+
+
+def _bump(n: int) -> np.ndarray:
+    """Mandelbrot-like row costs: ~1 far out, ~300x that in a band around the middle."""
+    r = (np.arange(n) + 0.5) / n - 0.5
+    return 1.0 + 300.0 * np.exp(-((r / 0.12) ** 2))
+
+
+@pytest.mark.parametrize("n", [0, *AWKWARD])
+@pytest.mark.parametrize("parts", [1, 2, 3, 8, 97, 2000])
+def test_split_by_cost_is_exact_near_equal_and_gives_the_parts_asked(n, parts):
+    costs = np.random.default_rng(n * 31 + parts).exponential(size=n) * (np.arange(n) % 5 != 0)  # some zeros
+    pieces = split_by_cost(costs.tolist(), parts, max_size=n)
+    _check_pieces(pieces, n)
+    if n:
+        assert len(pieces) == min(parts, n)
+        if parts < n / 4:  # cuts far enough apart for each to land at its own target
+            got = _piece_costs(pieces, costs)
+            assert np.abs(got - costs.sum() / parts).max() <= costs.max() + 1e-9
+
+
+def test_split_by_cost_balances_what_equal_lengths_do_not():
+    costs = _bump(65_536)
+    equal = _piece_costs(split(65_536, 32), costs)
+    balanced = split_by_cost(costs.tolist(), 32, max_size=65_536)
+    _check_pieces(balanced, 65_536)
+    got = _piece_costs(balanced, costs)
+    assert equal.max() / equal.min() > 100
+    assert len(balanced) == 32 and got.max() / got.min() < 1.01
+    sizes = [hi - lo for lo, hi in balanced]
+    assert sizes[0] > 10 * min(sizes) and sizes[-1] > 10 * min(sizes)  # tall cheap bands at the edges
+
+
+@pytest.mark.parametrize("max_size", [1, 7, 500, 4000])
+def test_split_by_cost_splits_only_the_pieces_longer_than_max_size(max_size):
+    n, parts = 10_007, 16
+    costs = _bump(n).tolist()
+    free = split_by_cost(costs, parts, max_size=n)
+    pieces = split_by_cost(costs, parts, max_size=max_size)
+    _check_pieces(pieces, n)
+    assert max(hi - lo for lo, hi in pieces) <= max_size
+    # Each free piece, cut into as few near-equal pieces as max_size allows, and no more.
+    assert pieces == [(lo + a, lo + b) for lo, hi in free for a, b in split_by_size(hi - lo, max_size)]
+    assert len(pieces) == sum(math.ceil((hi - lo) / max_size) for lo, hi in free) >= parts
+
+
+def test_split_by_cost_degenerate_inputs():
+    assert split_by_cost([], 4, 10) == []
+    assert split_by_cost([3.0, 1.0], 5, 10) == [(0, 1), (1, 2)]  # fewer elements than parts
+    assert split_by_cost([0.0] * 10, 3, 10) == split(10, 3)  # nothing to weigh: equal lengths
+    assert split_by_cost([1.0] * 10, 0, 10) == [(0, 10)]
+    # All the cost in one element: it stands alone, the pieces around it stay non-empty.
+    pieces = split_by_cost([0.0] * 5 + [100.0] + [0.0] * 5, 4, 11)
+    _check_pieces(pieces, 11)
+    assert len(pieces) == 4 and (5, 6) in pieces
+    with pytest.raises(ValueError, match="non-negative"):
+        split_by_cost([1.0, -1.0], 2, 10)
 
 
 # -- assign_contiguous ----------------------------------------------------------------
@@ -244,6 +313,89 @@ def test_mandelbrot_plan_covers_the_image_exactly_once(width, height, n_workers,
         # Enough bands to balance dynamically. (The planner aims at 8 per worker but rounds
         # the band height up, so e.g. 13 rows on 1 worker give 7 bands; 4 per worker holds.)
         assert len(plan.tiles) >= 4 * n_workers
+    # Handed out dearest first; numbered top to bottom, each number once.
+    assert [t.cost for t in plan.tiles] == sorted((t.cost for t in plan.tiles), reverse=True)
+    by_row = sorted(plan.tiles, key=lambda t: t.bounds["rows"])
+    assert [t.index for t in by_row] == list(range(len(plan.tiles)))
+
+
+def _64k() -> MandelbrotParams:
+    return MandelbrotParams(**yaml.safe_load((JOBS / "mandelbrot-64k.yaml").read_text())["params"])
+
+
+@pytest.mark.parametrize("n_workers", [1, 2])
+def test_mandelbrot_64k_bands_hold_equal_estimated_cost(n_workers):
+    params = _64k()
+    budget = int(0.8 * (140 << 30)) // 2  # an H200's automatic budget, two bands at once
+    plan = Mandelbrot(params).plan(_devices(n_workers, 140 << 30), budget, {})
+    bands = sorted(t.bounds["rows"] for t in plan.tiles)
+    _check_pieces(bands, params.height)
+    cost = row_costs(params)
+    assert [t.cost for t in plan.tiles] == pytest.approx([cost[lo:hi].sum() for lo, hi in
+                                                          (t.bounds["rows"] for t in plan.tiles)])
+    equal = split_by_size(params.height, 2048)  # the bands before: 2048 rows each
+    equal_cost = _piece_costs(equal, cost)
+    got = np.array([t.cost for t in plan.tiles])
+    assert len(plan.tiles) == len(equal) == 32
+    assert equal_cost.max() / equal_cost.min() > 20 and got.max() / got.min() < 1.05
+
+    # The cheap rows far from the set go in a few tall bands, where equal rows made many.
+    edge = params.height // 8
+
+    def at_edges(pieces: list[tuple[int, int]]) -> int:
+        return sum(lo < edge or hi > params.height - edge for lo, hi in pieces)
+
+    assert at_edges(bands) <= 2 and at_edges(equal) == 8
+    assert plan.tile_shape["rows"] == max(hi - lo for lo, hi in bands)
+    assert plan.working_set <= budget
+
+
+def test_mandelbrot_bands_are_no_taller_than_the_budget_holds():
+    params = _64k()
+    bytes_per_row = params.width * (4 + 2 * 4)
+    plan = Mandelbrot(params).plan(_devices(2, 140 << 30), 4096 * bytes_per_row, {})
+    bands = sorted(t.bounds["rows"] for t in plan.tiles)
+    _check_pieces(bands, params.height)
+    assert max(hi - lo for lo, hi in bands) == plan.tile_shape["rows"] <= 4096
+    assert len(bands) > 32  # the tall cheap bands were split; the others kept
+
+
+def test_mandelbrot_explicit_rows_or_an_output_keep_equal_bands(tmp_path):
+    params = MandelbrotParams(width=300, height=1000, max_iter=200)
+    devices = _devices(2)
+
+    def rows_of(wl: Mandelbrot, tiling: dict[str, int]) -> list[tuple[int, int]]:
+        return sorted(t.bounds["rows"] for t in wl.plan(devices, 1 << 30, tiling).tiles)
+
+    assert rows_of(Mandelbrot(params), {"rows": 64}) == split_by_size(1000, 64)
+    assert rows_of(Mandelbrot(params), {}) != split_by_size(1000, 63)  # 16 bands, balanced
+    written = Mandelbrot(MandelbrotParams(**{**params.model_dump(), "output": {"npy": str(tmp_path / "m.npy")}}))
+    written.prepare(force=False)
+    assert rows_of(written, {}) == split_by_size(1000, 63)  # ceil(1000 / 16): as before
+
+
+def test_row_costs_are_the_coarse_counts_interpolated():
+    # An image within the coarse grid: every row counted, nothing interpolated.
+    small = MandelbrotParams(width=100, height=60, max_iter=80)
+    x, y = mandelbrot_axes(width=100, height=60, bounds=(small.xmin, small.xmax, small.ymin, small.ymax),
+                           rows=(0, 60), dtype="float32")
+    extra = row_costs(small) - mandelbrot_counts(np, x, y, 80).mean(axis=1) * 100
+    assert extra.min() == pytest.approx(extra.max()) and extra.min() >= 100  # a step a pixel or more
+
+    # A taller image: rows interpolated, centred (a window symmetric about the axis gives
+    # symmetric costs) and close to the counts of every row, band by band.
+    tall = MandelbrotParams(width=128, height=2048, max_iter=100, ymin=-1.25, ymax=1.25)
+    est = row_costs(tall)
+    np.testing.assert_allclose(est, est[::-1], rtol=1e-9)
+    x, y = mandelbrot_axes(width=128, height=2048, bounds=(tall.xmin, tall.xmax, tall.ymin, tall.ymax),
+                           rows=(0, 2048), dtype="float32")
+    truth = (mandelbrot_counts(np, x, y, 100).sum(axis=1) + extra.min() / 100 * 128).astype(np.float64)
+    bands = split(2048, 16)
+    np.testing.assert_allclose(_piece_costs(bands, est), _piece_costs(bands, truth), rtol=0.05)
+
+    # Deep counts: the estimate stops early and counts points still running as max_iter.
+    inside = MandelbrotParams(width=50, height=40, max_iter=50_000, xmin=-0.2, xmax=0.1, ymin=-0.2, ymax=0.2)
+    np.testing.assert_allclose(row_costs(inside), 50 * (50_000 + extra.min() / 100))
 
 
 def test_spill_lets_the_smallest_tile_exceed_the_budget():

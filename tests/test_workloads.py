@@ -13,6 +13,8 @@ import pytest
 
 from conftest import submit_json, write_job
 from mgpu import kernels
+from mgpu.device import Device, DeviceFacts
+from mgpu.workloads.mandelbrot import Mandelbrot, MandelbrotParams
 
 
 def _submit(tmp_path: Path, scheduler: str, doc: dict[str, Any], *extra: Any) -> dict[str, Any]:
@@ -270,6 +272,43 @@ def test_mandelbrot_without_output_checks_and_reports(tmp_path, scheduler):
     assert data["job"]["params"]["output"] is None
     assert data["verify"]["method"].startswith("cpu reference")
     assert data["throughput"]["value"] > 0
+
+
+def test_mandelbrot_bands_of_equal_cost_check_and_count_every_pixel(tmp_path, scheduler):
+    """No output and no tiling: bands cut by estimated cost, of unequal height, all checked."""
+    width, height, max_iter = 90, 160, 120
+    data = _submit(tmp_path, scheduler, {"workload": "mandelbrot", "params": {
+        "width": width, "height": height, **WINDOW, "max_iter": max_iter}})
+    tiles = data["plan"]["tiles"]
+    assert tiles == math.ceil(height / math.ceil(height / 16))  # as many bands as equal rows gave
+    assert data["plan"]["tile_shape"]["rows"] > math.ceil(height / tiles)  # the tallest is taller
+    # Every pixel's steps, summed over the bands, are the steps of the whole image.
+    steps = data["throughput"]["value"] * data["compute_s"] * 1e9
+    want = _escape_counts(width, height, **WINDOW, max_iter=max_iter, dtype="float32").sum()
+    assert steps == pytest.approx(want, rel=1e-3)
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_mandelbrot_warmup_runs_a_tiny_band_the_way_the_job_does(monkeypatch, verify):
+    """The warm-up is run_tile on a tiny band, checked when the job is: on a GPU the check's
+    gather kernels then compile in the warm-up, not in the first real bands."""
+    runs = []
+    run_tile = Mandelbrot.run_tile
+
+    def spy(self: Mandelbrot, dev: Device, tile: Any, panels: Any = None) -> Any:
+        record = run_tile(self, dev, tile, panels)
+        runs.append((self, dict(record.extra)))
+        return record
+
+    monkeypatch.setattr(Mandelbrot, "run_tile", spy)
+    job = Mandelbrot(MandelbrotParams(width=65536, height=65536, max_iter=50, dtype="float64"), verify=verify)
+    job.warmup(Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "host")))
+    assert len(runs) == 1
+    small, extra = runs[0]
+    assert small.params.width * small.params.height <= 1024 and small.sinks == {}
+    assert (small.params.max_iter, small.params.dtype) == (50, "float64")
+    assert small.verify is verify
+    assert ("sample" in extra) is verify  # the sampled rows were gathered, as a checked band does
 
 
 def _panels_held(dask_worker: Any = None) -> int:
