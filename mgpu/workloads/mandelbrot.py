@@ -26,10 +26,11 @@ _PNG_MAX_SIDE = 4096
 # time (~50 ms of NumPy on one core at 1000 steps). A coarse point still running after
 # _ESTIMATE_MAX_ITER steps counts as max_iter, so a deep zoom plans in the same time.
 _ESTIMATE_ROWS, _ESTIMATE_COLS, _ESTIMATE_MAX_ITER = 256, 128, 1000
-# What a pixel costs besides its steps (its thread, its count written), in steps: on an
-# H200 a band of 2048 x 65536 far from the set (1.7 steps a pixel) took 0.7 ms of kernel,
-# as long as 11 steps a pixel take at the 2.1e12 steps/s of the bands in the set.
-_PIXEL_STEPS = 10
+# What a pixel costs besides its steps, in steps: its thread and count in the kernel, and
+# the task's pass over the counts (their sum, its allocation). On two H200s the tallest
+# bands (17029 x 65536, 12 steps a pixel) took 23 ms a band against 13.5 for bands of 24
+# Giter near the set: fitted, a pixel costs as much as 26 steps.
+_PIXEL_STEPS = 26
 
 
 class MandelbrotOutput(BaseModel):
