@@ -96,37 +96,11 @@ class NpySource:
 
     def read(self, dev: Device, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> Any:
         """The block on ``dev``, staged through pinned memory (see :mod:`mgpu.transfer`)."""
-        if not dev.is_gpu:
-            return transfer.load(dev, self.view(rows, cols))
-        shape = (rows[1] - rows[0],) if cols is None and len(self.shape) == 1 else \
-            (rows[1] - rows[0], (cols or (0, self.shape[1]))[1] - (cols or (0, self.shape[1]))[0])
-        with dev.on_stream():
-            out = dev.xp.empty(shape, self.info.dtype)
-        self.read_into(dev, out, rows, cols)
-        return out
+        return transfer.load(dev, self.view(rows, cols))
 
     def read_into(self, dev: Device, out: Any, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> None:
         """The block into ``out``, a C-contiguous array of its shape on ``dev``."""
-        block = _file_block(self.info.path, rows, cols) if dev.is_gpu else None
-        if block is None:
-            transfer.load(dev, self.view(rows, cols), out)
-        else:  # read from the file itself: no page of it mapped into this process
-            transfer.load_file(dev, block, out)
-
-
-def _file_block(path: str, rows: tuple[int, int], cols: tuple[int, int] | None) -> transfer.FileBlock | None:
-    """Where ``[rows, cols]`` of a C-order ``.npy`` lies in its file (None for Fortran order)."""
-    mm = np.load(path, mmap_mode="r")
-    if not mm.flags.c_contiguous:
-        return None
-    return transfer.FileBlock.of(path, mm.offset, mm.shape, mm.itemsize, rows, cols)
-
-
-def _bounds(index: slice, n: int) -> tuple[int, int]:
-    lo, hi, step = index.indices(n)
-    if step != 1:
-        raise ValueError("a sink block must be contiguous along each axis")
-    return lo, hi
+        transfer.load(dev, self.view(rows, cols), out)
 
 
 def input_files(value: object, names: tuple[str, str]) -> object:
@@ -190,13 +164,6 @@ class NpySink:
         Through the shared memory map, the page cache holds the bytes for every process at
         once; nothing is synced to disk here (the rename on success publishes the file).
         """
-        if dev is not None and dev.is_gpu:  # from the device into the file itself, with pwritev
-            rows = _bounds(index[0], self.shape[0])
-            cols = _bounds(index[1], self.shape[1]) if len(self.shape) == 2 else None
-            target = _file_block(self.partial, rows, cols)
-            if target is not None:
-                transfer.store_file(dev, target, block)
-                return
         mm = np.load(self.partial, mmap_mode="r+")
         if dev is None:
             mm[index] = block

@@ -398,28 +398,3 @@ def test_dot_from_files_bigger_than_the_budget(tmp_path):
     assert abs(result.value - want) <= 1e-9 * float(np.dot(np.abs(x).astype(np.float64), np.abs(y)))
     assert result.pcie.bytes == result.pcie.minimum_bytes == 8 * n
     assert "h2d_pinned" in result.roofline.basis  # bound by PCIe, not by the device's memory
-
-
-@pytest.mark.parametrize("cols", [None, (5, 290)])
-def test_file_blocks_reach_the_device_and_come_back_through_a_small_ring(tmp_path, cols):
-    from mgpu import transfer
-    from mgpu.device import Device, DeviceFacts
-
-    dev = Device("cuda", cupy, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"),
-                 new_stream=lambda: cupy.cuda.Stream(non_blocking=True))
-    data = np.random.default_rng(3).standard_normal((997, 301)).astype(np.float32)
-    np.save(tmp_path / "a.npy", data)
-    mm = np.load(tmp_path / "a.npy", mmap_mode="r")
-    block = transfer.FileBlock.of(str(tmp_path / "a.npy"), mm.offset, mm.shape, 4, (13, 900), cols)
-    c0, c1 = cols or (0, 301)
-    stager = transfer.Stager(dev, chunk_bytes=64 << 10)  # many chunks: the ring wraps
-    out = cupy.empty((887, c1 - c0), cupy.float32)
-    with dev.on_stream():
-        stager.load_file(out, block)
-        doubled = out * 2
-    stager.store(block, doubled)
-    np.testing.assert_array_equal(cupy.asnumpy(out), data[13:900, c0:c1])
-    after = np.load(tmp_path / "a.npy")
-    np.testing.assert_array_equal(after[13:900, c0:c1], 2 * data[13:900, c0:c1])
-    np.testing.assert_array_equal(after[:13], data[:13])
-    assert dev.bytes_h2d == dev.bytes_d2h == out.nbytes

@@ -147,35 +147,3 @@ def test_distributed_matmul_from_files_to_a_file(monkeypatch, tmp_path, schedule
     assert pcie["minimum_bytes"] == 8 * (61 * 47 + 47 * 58 + 61 * 58)
     # The panels' making counts in the job: the workers' spans start with it.
     assert sum(d["tiles"] for d in data["per_device"]) == data["plan"]["tiles"]
-
-
-@pytest.mark.parametrize("cols", [None, (0, 30), (3, 29)])
-def test_file_blocks_read_and_write_the_bytes_of_the_block(tmp_path, monkeypatch, cols):
-    monkeypatch.setattr(transfer, "_PARALLEL_BYTES", 256)  # several threads, each its own rows
-    data = np.random.default_rng(4).standard_normal((50, 30))
-    np.save(tmp_path / "a.npy", data)
-    mm = np.load(tmp_path / "a.npy", mmap_mode="r")
-    block = transfer.FileBlock.of(str(tmp_path / "a.npy"), mm.offset, mm.shape, 8, (7, 44), cols)
-    c0, c1 = cols or (0, 30)
-    buf = np.empty((37, c1 - c0))
-    transfer.file_copy(block, buf, write=False)
-    assert np.array_equal(buf, data[7:44, c0:c1])
-    transfer.file_copy(block, -buf, write=True)
-    after = np.load(tmp_path / "a.npy")
-    assert np.array_equal(after[7:44, c0:c1], -data[7:44, c0:c1])
-    outside = np.ones_like(after, bool)
-    outside[7:44, c0:c1] = False
-    assert np.array_equal(after[outside], data[outside])  # nothing else touched
-
-
-def test_file_blocks_of_a_vector_are_one_contiguous_range(tmp_path):
-    x = np.arange(1000, dtype=np.float32)
-    np.save(tmp_path / "x.npy", x)
-    mm = np.load(tmp_path / "x.npy", mmap_mode="r")
-    block = transfer.FileBlock.of(str(tmp_path / "x.npy"), mm.offset, mm.shape, 4, (123, 877), None)
-    assert block.width == block.row_bytes == 4  # one "row" per element: contiguous in the file
-    buf = np.empty(754, np.float32)
-    transfer.file_copy(block, buf, write=False)
-    assert np.array_equal(buf, x[123:877])
-    part = block.part(10, 20)
-    assert part.rows == (133, 143)
