@@ -80,7 +80,8 @@ def main(job_file: Path, sets: tuple[str, ...], json_path: Path | None) -> None:
     if json_path:
         records = [{k: v for k, v in vars(r).items() if k != "extra"} for r in keep.records]
         json_path.write_text(json.dumps({"summary": summary, "records": records,
-                                         "result": result.model_dump(mode="json")}, indent=1))
+                                         "result": result.model_dump(mode="json")}, indent=1,
+                                        default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 
 
 if __name__ == "__main__":

@@ -336,16 +336,21 @@ def test_mandelbrot_64k_bands_hold_equal_estimated_cost(n_workers):
     equal = split_by_size(params.height, 2048)  # the bands before: 2048 rows each
     equal_cost = _piece_costs(equal, cost)
     got = np.array([t.cost for t in plan.tiles])
-    assert len(plan.tiles) == len(equal) == 32
-    assert equal_cost.max() / equal_cost.min() > 20 and got.max() / got.min() < 1.05
+    assert len(equal) == 32 and equal_cost.max() / equal_cost.min() > 20
+    # Bands are at most twice the equal rows tall. Most hold the same estimated cost; the
+    # cheaper ones are the pieces of cheap rows cut by that height, taller than equal rows.
+    assert max(hi - lo for lo, hi in bands) <= 2 * 2048
+    full = got >= 0.95 * got.max()
+    assert full.sum() > len(got) / 2
+    assert all(t.size("rows") > 2048 for t, f in zip(plan.tiles, full) if not f)
 
-    # The cheap rows far from the set go in a few tall bands, where equal rows made many.
+    # The cheap rows far from the set go in fewer, taller bands than equal rows made.
     edge = params.height // 8
 
     def at_edges(pieces: list[tuple[int, int]]) -> int:
         return sum(lo < edge or hi > params.height - edge for lo, hi in pieces)
 
-    assert at_edges(bands) <= 2 and at_edges(equal) == 8
+    assert at_edges(bands) <= 6 and at_edges(equal) == 8
     assert plan.tile_shape["rows"] == max(hi - lo for lo, hi in bands)
     assert plan.working_set <= budget
 

@@ -280,8 +280,9 @@ def test_mandelbrot_bands_of_equal_cost_check_and_count_every_pixel(tmp_path, sc
     data = _submit(tmp_path, scheduler, {"workload": "mandelbrot", "params": {
         "width": width, "height": height, **WINDOW, "max_iter": max_iter}})
     tiles = data["plan"]["tiles"]
-    assert tiles == math.ceil(height / math.ceil(height / 16))  # as many bands as equal rows gave
-    assert data["plan"]["tile_shape"]["rows"] > math.ceil(height / tiles)  # the tallest is taller
+    equal = math.ceil(height / 16)  # the rows of the equal-row bands
+    # Bands of unequal height (the tallest is taller than equal rows), none more than twice.
+    assert equal < data["plan"]["tile_shape"]["rows"] <= 2 * equal and tiles >= math.ceil(height / equal)
     # Every pixel's steps, summed over the bands, are the steps of the whole image.
     steps = data["throughput"]["value"] * data["compute_s"] * 1e9
     want = _escape_counts(width, height, **WINDOW, max_iter=max_iter, dtype="float32").sum()

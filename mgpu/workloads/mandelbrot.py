@@ -31,6 +31,8 @@ _ESTIMATE_ROWS, _ESTIMATE_COLS, _ESTIMATE_MAX_ITER = 256, 128, 1000
 # bands (17029 x 65536, 12 steps a pixel) took 23 ms a band against 13.5 for bands of 24
 # Giter near the set: fitted, a pixel costs as much as 26 steps.
 _PIXEL_STEPS = 26
+# Bands may be this many times taller than the equal-row bands (see plan()).
+_TALLEST_BAND = 2
 
 
 class MandelbrotOutput(BaseModel):
@@ -114,8 +116,12 @@ class Mandelbrot(Workload):
             bands = split_by_size(p.height, rows)
         else:
             # As many bands, of equal estimated cost: rows far from the set, ~300x cheaper
-            # than those through it, go in a few tall bands, not many that are mostly overhead.
-            bands = split_by_cost(cost.tolist(), math.ceil(p.height / rows), max(1, budget // bytes_per_row))
+            # than those through it, go in fewer bands, not many that are mostly overhead.
+            # None taller than twice the equal-row bands, though: two bands of 14000-17000
+            # rows at once on one H200 stalled each other for 100-500 ms (their 4 GB
+            # allocations, it seems); bands of 2048 never did.
+            tallest = max(1, min(_TALLEST_BAND * rows, budget // bytes_per_row))
+            bands = split_by_cost(cost.tolist(), math.ceil(p.height / rows), tallest)
         before = np.concatenate([[0.0], np.cumsum(cost)])
         tiles = [Tile(i, {"rows": (r0, r1)}, cost=float(before[r1] - before[r0])) for i, (r0, r1) in enumerate(bands)]
         # Dynamic placement hands tiles out from the front: dearest first, so the tail
