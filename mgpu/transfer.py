@@ -14,8 +14,6 @@ are plain NumPy.
 
 from __future__ import annotations
 
-import ctypes
-import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -25,7 +23,7 @@ import numpy as np
 
 __all__ = ["Stager", "load", "stager", "store"]
 
-CHUNK_BYTES = 128 << 20  # per DMA: long enough to run at the full PCIe rate, few thread hand-offs
+CHUNK_BYTES = 64 << 20  # per DMA: long enough to run at the full PCIe rate
 SLOTS = 3  # one being filled, one in flight, one spare
 _PARALLEL_BYTES = 4 << 20  # below this a chunk is copied by the task's own thread
 
@@ -51,50 +49,18 @@ def _pool() -> ThreadPoolExecutor:
         return _POOL
 
 
-# madvise(2) advice (Linux 5.14+): fault a range in with one call.
-_MADV_POPULATE_READ, _MADV_POPULATE_WRITE = 22, 23
-_PAGE = 4096
-try:
-    _madvise = ctypes.CDLL(None, use_errno=True).madvise
-    _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-except (OSError, AttributeError):  # not Linux: copies fault pages in as they go
-    _madvise = None
-
-
-def populate(a: np.ndarray, *, write: bool) -> None:
-    """Map every page under ``a`` before it is copied.
-
-    A fresh memory map of an ``.npy`` takes one page fault per 4 KiB inside the copy,
-    which holds a thread to about 13 GB/s (against 57 with the pages mapped); one
-    madvise per range maps them in a batch. A no-op where the kernel lacks the advice.
-    """
-    if _madvise is None or a.size == 0:
-        return
-    lo = a.ctypes.data
-    hi = lo + sum((n - 1) * abs(st) for n, st in zip(a.shape, a.strides)) + a.itemsize
-    start = lo & ~(_PAGE - 1)
-    _madvise(start, hi - start, _MADV_POPULATE_WRITE if write else _MADV_POPULATE_READ)
-
-
-def _copy_part(dst: np.ndarray, src: np.ndarray) -> None:
-    populate(src, write=False)
-    populate(dst, write=True)
-    np.copyto(dst, src)
-
-
 def host_copy(dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[...] = src`` for 2-D arrays of one shape, split by rows over the host threads.
 
-    NumPy releases the GIL while it copies (and madvise while it maps pages), so the
-    threads run in parallel.
+    NumPy releases the GIL while it copies, so the threads run in parallel.
     """
     rows = dst.shape[0]
     parts = min(host_threads(), rows, max(1, dst.nbytes // _PARALLEL_BYTES))
     if parts <= 1:
-        _copy_part(dst, src)
+        np.copyto(dst, src)
         return
     bounds = [(i * rows // parts, (i + 1) * rows // parts) for i in range(parts)]
-    list(_pool().map(lambda b: _copy_part(dst[b[0]:b[1]], src[b[0]:b[1]]), bounds))
+    list(_pool().map(lambda b: np.copyto(dst[b[0]:b[1]], src[b[0]:b[1]]), bounds))
 
 
 def _rows(a: Any) -> Any:
@@ -231,8 +197,3 @@ def store(dev: Any, dst: np.ndarray, src: Any) -> None:
         with dev.on_stream():
             src = dev.xp.ascontiguousarray(src)
     stager(dev).store(dst, src)
-
-
-def chunk_count(nbytes: int, chunk_bytes: int = CHUNK_BYTES) -> int:
-    """How many DMAs a contiguous block of ``nbytes`` takes (for reports and tests)."""
-    return max(1, math.ceil(nbytes / chunk_bytes))
