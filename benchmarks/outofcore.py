@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
 import sys
@@ -49,7 +48,7 @@ import click
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/: peers.py, cublasxt.py
-from peers import Step, _event_median, _gemm, _nvidia_smi, _versions, run_step  # noqa: E402
+from peers import Step, _event_median, _gemm, _nvidia_smi, _versions, child_main, run_step  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 ROOT = SCRIPT.parents[1]
@@ -429,28 +428,8 @@ CHILDREN: dict[str, Callable[[dict[str, Any], dict[str, Any], Callable[[], None]
 def run_child(outdir: Path, name: str) -> None:
     """Run one child step from OUTDIR/raw/config.json, saving its figures as they come."""
     cfg = json.loads((outdir / "raw" / "config.json").read_text())
-    path = outdir / "raw" / f"{name}.json"
     out: dict[str, Any] = {"done": False}
-
-    def save() -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(out, indent=1, default=str))
-        os.replace(tmp, path)
-
-    code = 0
-    try:
-        CHILDREN[name](cfg, out, save)
-    except Exception as e:
-        import traceback
-
-        traceback.print_exc()
-        out["error"] = f"{type(e).__name__}: {e}"
-        code = 1
-    out["done"] = True
-    save()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    child_main(outdir / "raw" / f"{name}.json", out, lambda save: CHILDREN[name](cfg, out, save))
 
 
 # -- the steps the parent runs -----------------------------------------------------------

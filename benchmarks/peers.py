@@ -317,12 +317,10 @@ def child_dask_array(sizes: dict[str, int], protocol: str, out: dict[str, Any], 
             save()
 
 
-def run_child(outdir: Path, sizes: dict[str, int], peer: str, protocol: str) -> None:
-    """Run one peer, saving its figures after each; exit without waiting on cluster shutdown."""
-    name = "cupy" if peer == "cupy" else f"dask-array-{protocol}"
-    path = outdir / "raw" / f"{name}.json"
+def child_main(path: Path, out: dict[str, Any], body: Callable[[Callable[[], None]], None]) -> None:
+    """Run a child step's ``body(save)``, saving ``out`` to ``path`` as it goes and at the end
+    (with the error, if any); exit without waiting on cluster shutdown."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    out: dict[str, Any] = {"figures": [], "done": False}
 
     def save() -> None:
         tmp = path.with_suffix(".tmp")
@@ -331,10 +329,7 @@ def run_child(outdir: Path, sizes: dict[str, int], peer: str, protocol: str) -> 
 
     code = 0
     try:
-        if peer == "cupy":
-            child_cupy(sizes, out, save)
-        else:
-            child_dask_array(sizes, protocol, out, save)
+        body(save)
     except Exception as e:
         import traceback
 
@@ -346,6 +341,20 @@ def run_child(outdir: Path, sizes: dict[str, int], peer: str, protocol: str) -> 
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # the parent ends this process group, cluster workers included
+
+
+def run_child(outdir: Path, sizes: dict[str, int], peer: str, protocol: str) -> None:
+    """Run one peer, saving its figures after each."""
+    name = "cupy" if peer == "cupy" else f"dask-array-{protocol}"
+    out: dict[str, Any] = {"figures": [], "done": False}
+
+    def body(save: Callable[[], None]) -> None:
+        if peer == "cupy":
+            child_cupy(sizes, out, save)
+        else:
+            child_dask_array(sizes, protocol, out, save)
+
+    child_main(outdir / "raw" / f"{name}.json", out, body)
 
 
 # -- the steps the parent runs -----------------------------------------------------------
