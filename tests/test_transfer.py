@@ -147,3 +147,74 @@ def test_distributed_matmul_from_files_to_a_file(monkeypatch, tmp_path, schedule
     assert pcie["minimum_bytes"] == 8 * (61 * 47 + 47 * 58 + 61 * 58)
     # The panels' making counts in the job: the workers' spans start with it.
     assert sum(d["tiles"] for d in data["per_device"]) == data["plan"]["tiles"]
+
+
+# -- the pinned ring's ordering, against a stand-in for CuPy whose copies run late ----------
+
+
+class _LateStream:
+    """A stream whose copies run only when an event after them is waited for, so a
+    buffer refilled before its copy ran would show up as wrong data."""
+
+    def __init__(self) -> None:
+        self.ptr = id(self)
+        self.pending: list[Any] = []
+
+
+class _Event:
+    def __init__(self) -> None:
+        self.stream: _LateStream | None = None
+        self.upto = 0
+
+    def record(self, stream: _LateStream) -> None:
+        self.stream, self.upto = stream, len(stream.pending)
+
+    def synchronize(self) -> None:
+        ops, self.stream.pending[: self.upto] = self.stream.pending[: self.upto], [None] * self.upto
+        for op in ops:
+            if op is not None:
+                op()
+
+
+class _DeviceArray(np.ndarray):
+    @property
+    def data(self) -> Any:  # what CuPy's ndarray.data.ptr gives
+        from types import SimpleNamespace
+
+        return SimpleNamespace(ptr=self.ctypes.data)
+
+
+def _late_cupy(streams: dict[int, _LateStream]) -> Any:
+    import ctypes
+    from types import SimpleNamespace
+
+    def memcpy_async(dst: int, src: int, nbytes: int, kind: int, stream_ptr: int) -> None:
+        streams[stream_ptr].pending.append(lambda: ctypes.memmove(dst, src, nbytes))
+
+    runtime = SimpleNamespace(memcpyAsync=memcpy_async, memcpyHostToDevice=1, memcpyDeviceToHost=2)
+    cuda = SimpleNamespace(Event=_Event, runtime=runtime, alloc_pinned_memory=bytearray,
+                           get_elapsed_time=lambda a, b: 1.0)
+    return SimpleNamespace(cuda=cuda)
+
+
+def test_the_ring_refills_a_buffer_only_after_its_copy_ran(monkeypatch):
+    import sys
+
+    stream = _LateStream()
+    monkeypatch.setitem(sys.modules, "cupy", _late_cupy({stream.ptr: stream}))
+    dev = Device("cuda", None, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"), new_stream=lambda: stream)
+    stager = transfer.Stager(dev, chunk_bytes=4 * 40 * 8)  # 8 rows of 40 float32 a chunk: 13 chunks
+    src = np.arange(100 * 60, dtype=np.float32).reshape(100, 60)[:, 10:50]  # strided rows
+    dst = np.zeros((100, 40), np.float32).view(_DeviceArray)
+    stager.load(dst, src, stream)
+    assert not np.array_equal(dst, src)  # the last copies wait on the stream
+    done = _Event()
+    done.record(stream)
+    done.synchronize()
+    assert np.array_equal(np.asarray(dst), src)
+    back = np.zeros((100, 60), np.float32)
+    stager.store(back[:, 10:50], (dst * 3).view(_DeviceArray), stream)  # store waits for its copies itself
+    assert np.array_equal(back[:, 10:50], 3 * src) and not back[:, :10].any()
+    assert dev.bytes_h2d == dev.bytes_d2h == src.nbytes
+    # One timed DMA a chunk each way (the stand-in times each at 1 ms).
+    assert dev.copy_seconds() == pytest.approx({"h2d": 0.013, "d2h": 0.013})
