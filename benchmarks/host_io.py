@@ -3,7 +3,10 @@
     python3 benchmarks/host_io.py SCRATCH_DIR [--gib 4] [--json OUT.json]
 
 Routes measured (GB/s), each on the same file:
-- file -> pinned buffer, by mmap + NumPy copy and by ``readinto``, with 1..8 threads;
+- file -> pinned buffer, by mmap + NumPy copy and by ``readinto``, with 1..16 threads,
+  over one mapping (its pages mapped by the first pass) and over a fresh mapping each
+  time (every 4 KiB page faulted in, as a worker reading a block does); file -> a
+  pageable buffer by ``readinto``;
 - pinned -> device (the PCIe rate the bound uses) and pageable -> device;
 - the file's mmap registered with ``cudaHostRegister`` (read-only) and copied to the
   device directly, with the registration's own cost;
@@ -17,6 +20,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import click
 import numpy as np
@@ -42,18 +46,18 @@ def _threads_copy(dst: np.ndarray, src: np.ndarray, threads: int) -> None:
 
 
 def _threads_readinto(path: str, offset: int, dst: np.ndarray, threads: int) -> None:
-    flat = dst.reshape(-1).view(np.uint8)
-    parts = np.array_split(np.arange(flat.size, dtype=np.int64), threads)
+    """Read the file's data into ``dst`` with ``preadv``, one contiguous range a thread."""
+    flat = memoryview(dst.reshape(-1).view(np.uint8))
+    n = len(flat)
     fd = os.open(path, os.O_RDONLY)
     try:
-        def one(p: np.ndarray) -> None:
-            lo, hi = int(p[0]), int(p[-1]) + 1
-            view = memoryview(flat[lo:hi])
+        def one(lo: int, hi: int) -> None:
             done = 0
             while done < hi - lo:
-                done += os.preadv(fd, [view[done:]], offset + lo + done)
+                done += os.preadv(fd, [flat[lo + done:hi]], offset + lo + done)
+
         with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(one, [p for p in parts if len(p)]))
+            list(pool.map(lambda i: one(i * n // threads, (i + 1) * n // threads), range(threads)))
     finally:
         os.close(fd)
 
@@ -63,8 +67,10 @@ def _threads_readinto(path: str, offset: int, dst: np.ndarray, threads: int) -> 
 @click.option("--gib", default=4.0, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
 def main(scratch: Path, gib: float, json_path: Path | None) -> None:
-    import cupy
-
+    try:
+        import cupy
+    except ImportError:  # the host routes alone
+        cupy = None
     scratch.mkdir(parents=True, exist_ok=True)
     cols = 16384
     rows = int(gib * (1 << 30)) // (4 * cols)
@@ -80,16 +86,40 @@ def main(scratch: Path, gib: float, json_path: Path | None) -> None:
     src = np.load(path, mmap_mode="r")
     nbytes = src.nbytes
     offset = src.offset if hasattr(src, "offset") else 128
-    pinned_mem = cupy.cuda.alloc_pinned_memory(nbytes)
+    pinned_mem = cupy.cuda.alloc_pinned_memory(nbytes) if cupy else bytearray(nbytes)
     pinned = np.frombuffer(pinned_mem, np.float32, rows * cols).reshape(rows, cols)
+    pageable = np.ones((rows, cols), np.float32)  # its pages mapped already
     for threads in (1, 2, 4, 8, 16):
+        fresh = np.load(path, mmap_mode="r")  # a new mapping: each page faults in the copy
+        t = time.perf_counter()
+        _threads_copy(pinned, fresh, threads)
+        out[f"fresh_mmap_to_pinned_{threads}t_gbps"] = _rate(nbytes, time.perf_counter() - t)
+        del fresh
         t = time.perf_counter()
         _threads_copy(pinned, src, threads)
         out[f"mmap_to_pinned_{threads}t_gbps"] = _rate(nbytes, time.perf_counter() - t)
         t = time.perf_counter()
         _threads_readinto(path, offset, pinned, threads)
         out[f"readinto_pinned_{threads}t_gbps"] = _rate(nbytes, time.perf_counter() - t)
-    assert pinned[4096, 0] == 4096.0
+        t = time.perf_counter()
+        _threads_readinto(path, offset, pageable, threads)
+        out[f"readinto_pageable_{threads}t_gbps"] = _rate(nbytes, time.perf_counter() - t)
+    assert pinned[min(4096, rows - 1), 0] == float(min(4096, rows - 1) // 4096 * 4096)
+    assert np.array_equal(pageable, pinned)
+    if cupy is not None:
+        _device_routes(cupy, scratch, src, pinned, out)
+    for line in sorted(out.items()):
+        print(f"{line[0]:36s} {line[1]:.4g}" if isinstance(line[1], float) else f"{line[0]:36s} {line[1]}")
+    if json_path:
+        json_path.write_text(json.dumps(out, indent=1))
+    for f in scratch.glob("probe*.npy"):
+        f.unlink()
+
+
+def _device_routes(cupy: Any, scratch: Path, src: np.ndarray, pinned: np.ndarray, out: dict[str, Any]) -> None:
+    """The DMAs: pinned and pageable H2D, a registered file map, D2H into a new file."""
+    rows, cols = src.shape
+    nbytes = src.nbytes
     dev = cupy.empty((rows, cols), np.float32)
     stream = cupy.cuda.Stream(non_blocking=True)
     for name, host in (("pinned", pinned), ("pageable_mmap", src)):
@@ -148,12 +178,6 @@ def main(scratch: Path, gib: float, json_path: Path | None) -> None:
         _threads_copy(dst2, pinned, threads)
         out[f"pinned_to_new_mmap_{threads}t_gbps"] = _rate(nbytes, time.perf_counter() - t)
         del dst2
-    for line in sorted(out.items()):
-        print(f"{line[0]:32s} {line[1]:.4g}" if isinstance(line[1], float) else f"{line[0]:32s} {line[1]}")
-    if json_path:
-        json_path.write_text(json.dumps(out, indent=1))
-    for f in scratch.glob("probe*.npy"):
-        f.unlink()
 
 
 if __name__ == "__main__":
