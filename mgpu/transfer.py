@@ -106,8 +106,6 @@ class Stager:
         The DMAs go on ``stream`` (the thread's own by default) and are not waited for:
         work enqueued after them on that stream sees the data. Returns the bytes copied.
         """
-        import cupy
-
         stream = stream or self.dev.stream
         dst2, src2 = _rows(dst), _rows(src)
         if not dst.flags.c_contiguous or dst2.shape != src2.shape:
@@ -117,14 +115,21 @@ class Stager:
         for i, (r0, r1) in enumerate(chunk_rows(dst2.shape, dtype.itemsize, self.chunk_bytes)):
             slot = self._slot(i, (r1 - r0, dst2.shape[1]), dtype)
             host_copy(slot, src2[r0:r1])
-            begin = cupy.cuda.Event()
-            begin.record(stream)
-            cupy.cuda.runtime.memcpyAsync(dst2.data.ptr + r0 * row_bytes, slot.ctypes.data, slot.nbytes,
-                                          cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
-            self._free[i % SLOTS] = end = cupy.cuda.Event()
-            end.record(stream)
-            self.dev.count_copy("h2d", slot.nbytes, begin, end)
+            self._free[i % SLOTS] = self._dma("h2d", dst2.data.ptr + r0 * row_bytes, slot.ctypes.data, slot.nbytes,
+                                              stream)
         return dst.nbytes
+
+    def _dma(self, kind: str, dst: int, src: int, nbytes: int, stream: Any) -> Any:
+        """Enqueue one copy on ``stream``, timed by events and counted; returns the event after it."""
+        import cupy
+
+        rt = cupy.cuda.runtime
+        begin, end = cupy.cuda.Event(), cupy.cuda.Event()
+        begin.record(stream)
+        rt.memcpyAsync(dst, src, nbytes, rt.memcpyHostToDevice if kind == "h2d" else rt.memcpyDeviceToHost, stream.ptr)
+        end.record(stream)
+        self.dev.count_copy(kind, nbytes, begin, end)
+        return end
 
     def store(self, dst: np.ndarray, src: Any, stream: Any = None) -> int:
         """Copy device ``src`` (C-contiguous) into host ``dst`` (any strides, same shape).
@@ -132,8 +137,6 @@ class Stager:
         Waits until every byte has landed in ``dst``. The DMA of chunk i+1 runs while the
         host threads copy chunk i out of its buffer. Returns the bytes copied.
         """
-        import cupy
-
         stream = stream or self.dev.stream
         dst2, src2 = _rows(dst), _rows(src)
         if not src.flags.c_contiguous or dst2.shape != src2.shape:
@@ -146,13 +149,8 @@ class Stager:
         def enqueue(i: int) -> None:
             r0, r1 = chunks[i]
             slot = self._slot(i, (r1 - r0, src2.shape[1]), dtype)
-            begin, end = cupy.cuda.Event(), cupy.cuda.Event()
-            begin.record(stream)
-            cupy.cuda.runtime.memcpyAsync(slot.ctypes.data, src2.data.ptr + r0 * row_bytes, slot.nbytes,
-                                          cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
-            end.record(stream)
-            self._free[i % SLOTS] = end
-            self.dev.count_copy("d2h", slot.nbytes, begin, end)
+            self._free[i % SLOTS] = end = self._dma("d2h", slot.ctypes.data, src2.data.ptr + r0 * row_bytes,
+                                                    slot.nbytes, stream)
             landed.append((slot, end))
 
         for i in range(min(SLOTS - 1, len(chunks))):

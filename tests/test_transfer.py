@@ -145,7 +145,7 @@ def test_distributed_matmul_from_files_to_a_file(monkeypatch, tmp_path, schedule
     assert np.allclose(np.load(out), a @ b, rtol=1e-12, atol=1e-12)
     pcie = data["pcie"]
     assert pcie["minimum_bytes"] == 8 * (61 * 47 + 47 * 58 + 61 * 58)
-    # The panels' making counts in the job: the workers' spans start with it.
+    # The panels' records join the workers' rows (their spans, their bytes), not their tile counts.
     assert sum(d["tiles"] for d in data["per_device"]) == data["plan"]["tiles"]
 
 
