@@ -32,9 +32,9 @@ AUTO_BUDGET = {"cuda": 0.8, "cpu": 0.5}
 # Each worker mgpu starts offers one unit of this Dask resource: a tile task takes
 # 1/concurrency of it, so a workload decides how many of its tiles share a device at once.
 SLOT = "mgpu-slot"
-# Task threads per GPU worker: enough for two tiles at once (one computing on the GPU
-# while the other checks on the CPU); the slot resource keeps exclusive tiles exclusive.
-GPU_THREADS = 2
+# Task threads per GPU worker: enough for the most tiles a workload runs at once on one
+# device (Mandelbrot's eight); the slot resource keeps exclusive tiles exclusive.
+GPU_THREADS = 8
 
 
 @dataclass(frozen=True)

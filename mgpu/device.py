@@ -67,6 +67,8 @@ class Device:
     new_stream: Callable[[], Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     _local: threading.local = field(default_factory=threading.local, repr=False)
+    _shared: Any = field(default=None, repr=False)  # see in_order
+    _shared_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     @property
     def is_gpu(self) -> bool:
@@ -141,8 +143,35 @@ class Device:
             stream.synchronize()
 
     @contextlib.contextmanager
-    def timer(self) -> Iterator[Timing]:
-        """Time the device work enqueued inside the block.
+    def in_order(self) -> Iterator[Any]:
+        """Run the device work enqueued inside on the device's one shared stream, in the
+        order threads get there: after this thread's earlier work, before its later work.
+
+        For kernels that fill the GPU (a Mandelbrot band): launched on each thread's own
+        stream, bands started together shared the SMs and ended together, and the GPU
+        idled while their threads checked them and fetched the next; queued in order,
+        one band's kernel runs while the thread of the one before checks it. Yields the
+        shared stream (None on a CPU), current inside; work inside must not wait.
+        """
+        mine = self.stream
+        if mine is None:
+            yield None
+            return
+        # The block only enqueues. It holds the lock, so no other thread's kernels get
+        # between its work and the event after it (else it would wait for theirs too).
+        with self._shared_lock:
+            if self._shared is None:
+                self._shared = self.new_stream()
+            shared = self._shared
+            shared.wait_event(mine.record())
+            with shared:
+                yield shared
+            mine.wait_event(shared.record())
+
+    @contextlib.contextmanager
+    def timer(self, stream: Any = None) -> Iterator[Timing]:
+        """Time the device work enqueued inside the block (on ``stream``, by default this
+        thread's).
 
         On a GPU, CUDA events on the stream bracket the work and nothing waits at the
         end of the block, so host work placed after it overlaps with the device; reading
@@ -152,10 +181,11 @@ class Device:
         if self.is_gpu:
             import cupy
 
+            stream = stream or self.stream
             timing.start, timing.stop = cupy.cuda.Event(), cupy.cuda.Event()
-            timing.start.record(self.stream)
+            timing.start.record(stream)
             yield timing
-            timing.stop.record(self.stream)
+            timing.stop.record(stream)
         else:
             t0 = time.perf_counter()
             yield timing

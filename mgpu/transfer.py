@@ -2,18 +2,22 @@
 
 A copy from pageable memory (a NumPy array, an ``.npy`` memory map) reaches the GPU at a
 sixth of the PCIe rate (8.9 against 55 GB/s on an H200), and one CPU thread copies
-pageable memory at about 11 GB/s. So a block moves in chunks through a ring of pinned
-buffers: a pool of host threads fills chunk i+1 (any strides: a column block of a
-row-major file is fine) while the DMA engine moves chunk i, and a buffer is refilled
-only once the DMA that read it has finished (an event on the stream).
+pageable memory at 7-11 GB/s (benchmarks/host_io.py). So a block moves in chunks, each
+chunk by one of the worker's host threads on its own: it copies the chunk (any strides:
+a column block of a row-major file is fine) into one of its two pinned buffers and
+enqueues the DMA on the task's stream, and moves on to its next chunk while that DMA
+runs; a buffer is refilled only once the DMA that read it has finished (an event). No
+thread waits for another between chunks: with a barrier per chunk (every thread copying
+a slice of one chunk, then all waiting for the DMA) a worker moved 12 GB/s, where the
+same threads copying on their own move 35-55.
 
-Each task thread has its own ring (two tiles on one GPU never share a buffer); the host
-threads are shared by the worker. On CPU workers there is nothing to stage: the copies
-are plain NumPy.
+Work enqueued on the task's stream after :meth:`Stager.load` returns sees the data. On
+CPU workers there is nothing to stage: the copies are plain NumPy.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -23,8 +27,8 @@ import numpy as np
 
 __all__ = ["Stager", "load", "stager", "store"]
 
-CHUNK_BYTES = 64 << 20  # per DMA: long enough to run at the full PCIe rate
-SLOTS = 3  # one being filled, one in flight, one spare
+CHUNK_BYTES = 16 << 20  # per DMA: long enough to run at the full PCIe rate (~0.3 ms)
+BUFFERS = 2  # per host thread: one being filled while the other's DMA runs
 _PARALLEL_BYTES = 4 << 20  # below this a chunk is copied by the task's own thread
 
 _POOL: ThreadPoolExecutor | None = None
@@ -33,12 +37,15 @@ _LOCAL = threading.local()
 
 
 def host_threads() -> int:
-    """Host copy threads per worker (``mgpu.transfer.host-threads``, default 8).
+    """Host copy threads per worker (``mgpu.transfer.host-threads``; by default half the
+    cores this process may use, at most 16).
 
-    Eight reach the PCIe rate from the page cache on the H200 hosts measured
-    (benchmarks/host_io.py: 11 GB/s with one thread, 57 with eight).
+    On the H200 hosts measured (benchmarks/host_io.py, a fresh map of a file in the page
+    cache into pinned memory), one thread moves 7-9 GB/s, 8 move 35-46 and 16 move 45-55,
+    with two processes (two workers) copying at once.
     """
-    return max(1, int(dask.config.get("mgpu.transfer.host-threads", default=8)))
+    default = min(16, max(2, len(os.sched_getaffinity(0)) // 2))
+    return max(1, int(dask.config.get("mgpu.transfer.host-threads", default=default)))
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -75,30 +82,65 @@ def chunk_rows(shape: tuple[int, int], itemsize: int, chunk_bytes: int = CHUNK_B
     return [(r, min(rows, r + per)) for r in range(0, rows, per)]
 
 
+class _Buffers:
+    """A host thread's pinned buffers (made on its first chunk, kept for its life)."""
+
+    def __init__(self, nbytes: int) -> None:
+        import cupy
+
+        self.nbytes = nbytes
+        self._memory = [cupy.cuda.alloc_pinned_memory(nbytes) for _ in range(BUFFERS)]
+        self._arrays = [np.frombuffer(m, np.uint8, nbytes) for m in self._memory]
+        self._free: list[Any] = [None] * BUFFERS  # event: the last DMA through the buffer is done
+        self._next = 0
+
+    def take(self, shape: tuple[int, int], dtype: np.dtype) -> tuple[int, np.ndarray]:
+        """The next buffer, once its last DMA has run, viewed as ``shape``."""
+        i, self._next = self._next, (self._next + 1) % BUFFERS
+        if self._free[i] is not None:
+            self._free[i].synchronize()
+        nbytes = shape[0] * shape[1] * dtype.itemsize
+        return i, self._arrays[i][:nbytes].view(dtype).reshape(shape)
+
+    def release(self, i: int, event: Any) -> None:
+        self._free[i] = event
+
+    def drain(self) -> None:
+        """Wait for every DMA still reading the buffers (before they are let go)."""
+        for event in self._free:
+            if event is not None:
+                event.synchronize()
+
+
+def _buffers(nbytes: int) -> _Buffers:
+    """This host thread's buffers, of at least ``nbytes`` each."""
+    b = getattr(_LOCAL, "buffers", None)
+    if b is None or b.nbytes < nbytes:
+        if b is not None:
+            b.drain()
+        b = _LOCAL.buffers = _Buffers(nbytes)
+    return b
+
+
 class Stager:
-    """One task thread's ring of pinned buffers, and the copies that go through it.
+    """Staged copies between host arrays and one device, for the calling task thread.
 
     Parameters
     ----------
     dev
-        The worker's :class:`~mgpu.device.Device`; bytes and DMA times are counted on it.
+        The worker's :class:`~mgpu.device.Device`; bytes and DMA times are counted on it
+        (for the calling thread, as its tile's copies).
+    chunk_bytes
+        Bytes per chunk (one DMA); every host thread keeps two pinned buffers of it.
     """
 
     def __init__(self, dev: Any, chunk_bytes: int = CHUNK_BYTES) -> None:
-        import cupy
-
         self.dev = dev
         self.chunk_bytes = chunk_bytes
-        self._memory = [cupy.cuda.alloc_pinned_memory(chunk_bytes) for _ in range(SLOTS)]
-        self._buffers = [np.frombuffer(m, np.uint8, chunk_bytes) for m in self._memory]
-        self._free: list[Any] = [None] * SLOTS  # event: the last DMA through the slot is done
 
-    def _slot(self, i: int, shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
-        event = self._free[i % SLOTS]
-        if event is not None:
-            event.synchronize()
-        nbytes = shape[0] * shape[1] * dtype.itemsize
-        return self._buffers[i % SLOTS][:nbytes].view(dtype).reshape(shape)
+    def _chunks(self, shape: tuple[int, int], dtype: np.dtype) -> tuple[list[tuple[int, int]], int]:
+        chunks = chunk_rows(shape, dtype.itemsize, self.chunk_bytes)
+        return chunks, max(self.chunk_bytes, shape[1] * dtype.itemsize)  # a row longer than a chunk gets its own
 
     def load(self, dst: Any, src: np.ndarray, stream: Any = None) -> int:
         """Copy host ``src`` (any strides) into device ``dst`` (C-contiguous, same shape).
@@ -106,70 +148,80 @@ class Stager:
         The DMAs go on ``stream`` (the thread's own by default) and are not waited for:
         work enqueued after them on that stream sees the data. Returns the bytes copied.
         """
+        import cupy
+
         stream = stream or self.dev.stream
         dst2, src2 = _rows(dst), _rows(src)
         if not dst.flags.c_contiguous or dst2.shape != src2.shape:
             raise ValueError(f"load: a C-contiguous device array of shape {src.shape} is needed, got {dst.shape}")
         dtype = np.dtype(dst.dtype)
         row_bytes = dst2.shape[1] * dtype.itemsize
-        for i, (r0, r1) in enumerate(chunk_rows(dst2.shape, dtype.itemsize, self.chunk_bytes)):
-            slot = self._slot(i, (r1 - r0, dst2.shape[1]), dtype)
-            host_copy(slot, src2[r0:r1])
-            self._free[i % SLOTS] = self._dma("h2d", dst2.data.ptr + r0 * row_bytes, slot.ctypes.data, slot.nbytes,
-                                              stream)
+        chunks, nbytes = self._chunks(dst2.shape, dtype)
+        device = cupy.cuda.runtime.getDevice()
+
+        def one(rows: tuple[int, int]) -> tuple[int, Any, Any]:
+            r0, r1 = rows
+            buffers = _buffers(nbytes)
+            i, buf = buffers.take((r1 - r0, dst2.shape[1]), dtype)
+            np.copyto(buf, src2[r0:r1])
+            with cupy.cuda.Device(device):
+                begin, end = _dma("h2d", dst2.data.ptr + r0 * row_bytes, buf.ctypes.data, buf.nbytes, stream)
+            buffers.release(i, end)
+            return buf.nbytes, begin, end
+
+        for n, begin, end in _pool().map(one, chunks):
+            self.dev.count_copy("h2d", n, begin, end)
         return dst.nbytes
-
-    def _dma(self, kind: str, dst: int, src: int, nbytes: int, stream: Any) -> Any:
-        """Enqueue one copy on ``stream``, timed by events and counted; returns the event after it."""
-        import cupy
-
-        rt = cupy.cuda.runtime
-        begin, end = cupy.cuda.Event(), cupy.cuda.Event()
-        begin.record(stream)
-        rt.memcpyAsync(dst, src, nbytes, rt.memcpyHostToDevice if kind == "h2d" else rt.memcpyDeviceToHost, stream.ptr)
-        end.record(stream)
-        self.dev.count_copy(kind, nbytes, begin, end)
-        return end
 
     def store(self, dst: np.ndarray, src: Any, stream: Any = None) -> int:
         """Copy device ``src`` (C-contiguous) into host ``dst`` (any strides, same shape).
 
-        Waits until every byte has landed in ``dst``. The DMA of chunk i+1 runs while the
-        host threads copy chunk i out of its buffer. Returns the bytes copied.
+        Waits until every byte has landed in ``dst``. Each host thread enqueues its
+        chunk's DMA, waits for it and copies the chunk out while the others' DMAs run.
+        Returns the bytes copied.
         """
+        import cupy
+
         stream = stream or self.dev.stream
         dst2, src2 = _rows(dst), _rows(src)
         if not src.flags.c_contiguous or dst2.shape != src2.shape:
             raise ValueError(f"store: a C-contiguous device array of shape {dst.shape} is needed, got {src.shape}")
         dtype = np.dtype(src.dtype)
         row_bytes = src2.shape[1] * dtype.itemsize
-        chunks = chunk_rows(src2.shape, dtype.itemsize, self.chunk_bytes)
-        landed: list[tuple[np.ndarray, Any]] = []
+        chunks, nbytes = self._chunks(src2.shape, dtype)
+        device = cupy.cuda.runtime.getDevice()
 
-        def enqueue(i: int) -> None:
-            r0, r1 = chunks[i]
-            slot = self._slot(i, (r1 - r0, src2.shape[1]), dtype)
-            self._free[i % SLOTS] = end = self._dma("d2h", slot.ctypes.data, src2.data.ptr + r0 * row_bytes,
-                                                    slot.nbytes, stream)
-            landed.append((slot, end))
-
-        for i in range(min(SLOTS - 1, len(chunks))):
-            enqueue(i)
-        for i, (r0, r1) in enumerate(chunks):
-            slot, end = landed[i]
+        def one(rows: tuple[int, int]) -> tuple[int, Any, Any]:
+            r0, r1 = rows
+            buffers = _buffers(nbytes)
+            i, buf = buffers.take((r1 - r0, src2.shape[1]), dtype)
+            with cupy.cuda.Device(device):
+                begin, end = _dma("d2h", buf.ctypes.data, src2.data.ptr + r0 * row_bytes, buf.nbytes, stream)
             end.synchronize()
-            if i + SLOTS - 1 < len(chunks):
-                enqueue(i + SLOTS - 1)  # its slot's last DMA (chunk i - 1) has been copied out
-            host_copy(dst2[r0:r1], slot)
+            np.copyto(dst2[r0:r1], buf)
+            buffers.release(i, None)
+            return buf.nbytes, begin, end
+
+        for n, begin, end in _pool().map(one, chunks):
+            self.dev.count_copy("d2h", n, begin, end)
         return src.nbytes
 
 
+def _dma(kind: str, dst: int, src: int, nbytes: int, stream: Any) -> tuple[Any, Any]:
+    """Enqueue one copy on ``stream`` between events that time it; returns the events."""
+    import cupy
+
+    rt = cupy.cuda.runtime
+    begin, end = cupy.cuda.Event(), cupy.cuda.Event()
+    begin.record(stream)
+    rt.memcpyAsync(dst, src, nbytes, rt.memcpyHostToDevice if kind == "h2d" else rt.memcpyDeviceToHost, stream.ptr)
+    end.record(stream)
+    return begin, end
+
+
 def stager(dev: Any) -> Stager:
-    """This task thread's :class:`Stager` (made on first use, kept for the thread's life)."""
-    s = getattr(_LOCAL, "stager", None)
-    if s is None or s.dev is not dev:
-        s = _LOCAL.stager = Stager(dev)
-    return s
+    """A :class:`Stager` for ``dev`` with the default chunk size."""
+    return Stager(dev)
 
 
 def load(dev: Any, src: np.ndarray, out: Any = None) -> Any:

@@ -343,6 +343,32 @@ def test_bench_alloc_reports_every_allocator_and_the_fallback_path_falls_back(tm
 # -- out of core: staged host<->device copies ----------------------------------------
 
 
+def test_in_order_work_runs_on_one_shared_stream_between_each_threads_own_work():
+    import threading
+
+    from mgpu.device import Device, DeviceFacts
+
+    dev = Device("cuda", cupy, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"),
+                 new_stream=lambda: cupy.cuda.Stream(non_blocking=True))
+    got: dict = {}
+
+    def band(i: int) -> None:
+        with dev.on_stream():
+            x = cupy.full(1 << 22, i, cupy.float32)  # on the thread's stream
+            with dev.in_order() as queue:
+                y = x * 2  # must see x, on the shared stream
+            got[i] = (queue, dev.stream, float(y.sum()))  # the thread's stream must see y
+
+    threads = [threading.Thread(target=band, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    queues = {id(q) for q, _, _ in got.values()}
+    assert len(queues) == 1 and all(q is not own for q, own, _ in got.values())
+    assert {i: v for i, (_, _, v) in got.items()} == {i: 2.0 * i * (1 << 22) for i in range(4)}
+
+
 def test_staged_copies_round_trip_strided_blocks_through_a_small_ring():
     from mgpu import transfer
     from mgpu.device import Device, DeviceFacts

@@ -326,7 +326,7 @@ def _64k() -> MandelbrotParams:
 @pytest.mark.parametrize("n_workers", [1, 2])
 def test_mandelbrot_64k_bands_hold_equal_estimated_cost(n_workers):
     params = _64k()
-    budget = int(0.8 * (140 << 30)) // 2  # an H200's automatic budget, two bands at once
+    budget = int(0.8 * (140 << 30)) // Mandelbrot.concurrency  # an H200's automatic budget, shared by the bands
     plan = Mandelbrot(params).plan(_devices(n_workers, 140 << 30), budget, {})
     bands = sorted(t.bounds["rows"] for t in plan.tiles)
     _check_pieces(bands, params.height)

@@ -4,6 +4,8 @@ distributed matmul from files to a file on real CPU workers."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -149,16 +151,18 @@ def test_distributed_matmul_from_files_to_a_file(monkeypatch, tmp_path, schedule
     assert sum(d["tiles"] for d in data["per_device"]) == data["plan"]["tiles"]
 
 
-# -- the pinned ring's ordering, against a stand-in for CuPy whose copies run late ----------
+# -- the pinned buffers' ordering, against a stand-in for CuPy whose copies run late -------
 
 
 class _LateStream:
     """A stream whose copies run only when an event after them is waited for, so a
-    buffer refilled before its copy ran would show up as wrong data."""
+    buffer refilled before its copy ran would show up as wrong data. Like a CUDA stream
+    it takes work from many threads (a lock keeps its queue whole)."""
 
     def __init__(self) -> None:
         self.ptr = id(self)
         self.pending: list[Any] = []
+        self.lock = threading.RLock()
 
 
 class _Event:
@@ -167,13 +171,15 @@ class _Event:
         self.upto = 0
 
     def record(self, stream: _LateStream) -> None:
-        self.stream, self.upto = stream, len(stream.pending)
+        with stream.lock:
+            self.stream, self.upto = stream, len(stream.pending)
 
     def synchronize(self) -> None:
-        ops, self.stream.pending[: self.upto] = self.stream.pending[: self.upto], [None] * self.upto
-        for op in ops:
-            if op is not None:
-                op()
+        with self.stream.lock:  # in stream order, each copy once
+            for i in range(self.upto):
+                op, self.stream.pending[i] = self.stream.pending[i], None
+                if op is not None:
+                    op()
 
 
 class _DeviceArray(np.ndarray):
@@ -189,19 +195,25 @@ def _late_cupy(streams: dict[int, _LateStream]) -> Any:
     from types import SimpleNamespace
 
     def memcpy_async(dst: int, src: int, nbytes: int, kind: int, stream_ptr: int) -> None:
-        streams[stream_ptr].pending.append(lambda: ctypes.memmove(dst, src, nbytes))
+        with streams[stream_ptr].lock:
+            streams[stream_ptr].pending.append(lambda: ctypes.memmove(dst, src, nbytes))
 
-    runtime = SimpleNamespace(memcpyAsync=memcpy_async, memcpyHostToDevice=1, memcpyDeviceToHost=2)
+    runtime = SimpleNamespace(memcpyAsync=memcpy_async, memcpyHostToDevice=1, memcpyDeviceToHost=2,
+                              getDevice=lambda: 0)
     cuda = SimpleNamespace(Event=_Event, runtime=runtime, alloc_pinned_memory=bytearray,
-                           get_elapsed_time=lambda a, b: 1.0)
+                           get_elapsed_time=lambda a, b: 1.0, Device=lambda i: contextlib.nullcontext())
     return SimpleNamespace(cuda=cuda)
 
 
-def test_the_ring_refills_a_buffer_only_after_its_copy_ran(monkeypatch):
+@pytest.mark.parametrize("threads", [1, 3])
+def test_pinned_buffers_are_refilled_only_after_their_copy_ran(monkeypatch, threads):
     import sys
 
     stream = _LateStream()
     monkeypatch.setitem(sys.modules, "cupy", _late_cupy({stream.ptr: stream}))
+    monkeypatch.setattr(transfer, "_POOL", None)  # a pool of ``threads`` for this test
+    monkeypatch.setattr(transfer, "_LOCAL", threading.local())
+    monkeypatch.setattr(transfer, "host_threads", lambda: threads)
     dev = Device("cuda", None, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"), new_stream=lambda: stream)
     stager = transfer.Stager(dev, chunk_bytes=4 * 40 * 8)  # 8 rows of 40 float32 a chunk: 13 chunks
     src = np.arange(100 * 60, dtype=np.float32).reshape(100, 60)[:, 10:50]  # strided rows

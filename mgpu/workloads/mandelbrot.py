@@ -84,9 +84,12 @@ class Mandelbrot(Workload):
     size_params = ("width", "height")
     grow = ("height",)  # more rows over the same window: the cost per row is kept
     verify_method = "cpu reference on sampled rows"
-    # Two bands per GPU at once: one band's CPU check runs while the other's kernel keeps
-    # the GPU busy (each thread has its own stream).
-    concurrency = 2
+    # Bands on a device at once; their kernels run one after another (Device.in_order),
+    # so ~100 ms of kernels are queued while a finished band is checked and the next one
+    # comes from the scheduler (2-27 ms apart, timeline.py). With each band's kernel on
+    # its own stream, bands started together shared the GPU, ended together, and the GPU
+    # then idled.
+    concurrency = 8
 
     def prepare(self, *, force: bool) -> None:
         p = self.params
@@ -139,7 +142,7 @@ class Mandelbrot(Workload):
         record = self.new_record(dev, tile, start, busy_s=0.0, work=0.0)
         with dev.on_stream():
             xd, yd = dev.to_device(x), dev.to_device(y)
-            with dev.timer() as t:
+            with dev.in_order() as queue, dev.timer(queue) as t:
                 counts = mandelbrot_counts(dev.xp, xd, yd, p.max_iter)
             record.work = float(counts.sum(dtype=np.int64))
             if injected_fault(self.name, tile):
