@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import multiprocessing
 import time
 import uuid
@@ -16,8 +15,6 @@ from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
-
-import dask.config
 
 from . import alloc_stats
 from . import device as _device
@@ -101,13 +98,6 @@ def _run_tile(workload: Workload, tile: Tile, panels: dict[str, PanelRef] | None
 
 def _warmup(workload: Workload) -> None:
     workload.warmup(_device.current())
-    if dask.config.get("mgpu.worker.gc-freeze", default=True):
-        # What the worker holds by now (modules, Dask's state, compiled kernels) leaves
-        # the collector's view, so a full collection during the tiles, which stops every
-        # task thread, scans only what the tiles made. (Garbage is collected first, so
-        # none of it is kept for good.)
-        gc.collect()
-        gc.freeze()
 
 
 def warm_up(client: Any, workload: Workload, workers: list[str], resources: dict[str, float] | None = None) -> None:
