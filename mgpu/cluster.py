@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -237,6 +238,19 @@ def _join(rc: ResolvedCluster, security: Any) -> Client:
                             f"({type(e).__name__}: {e}); is the scheduler running, and is the address right?") from None
 
 
+def _silence_distributed_logs() -> None:
+    logging.getLogger("distributed").setLevel(logging.CRITICAL)
+
+
+def _quiet_teardown(client: Client) -> None:
+    """Before closing a cluster mgpu started, stopped mid-job: its workers, closed with tiles
+    still running, would print Dask's teardown (cancelled tasks, a heartbeat to a closed
+    scheduler, with tracebacks) under mgpu's own message."""
+    with contextlib.suppress(Exception):
+        client.run(_silence_distributed_logs)
+        client.run(_silence_distributed_logs, nanny=True)
+
+
 @contextlib.contextmanager
 def open_cluster(rc: ResolvedCluster, security: Any = None) -> Iterator[ClusterInfo]:
     """Start (or join) the cluster, set each worker's device up, and close what was started.
@@ -275,8 +289,11 @@ def open_cluster(rc: ResolvedCluster, security: Any = None) -> Iterator[ClusterI
         yield ClusterInfo(client, rc, owned=cluster is not None, devices=ordered, spills=rc.spill == "managed",
                           slots=slots)
     finally:
+        stopped = isinstance(sys.exc_info()[1], KeyboardInterrupt)  # Ctrl-C or SIGTERM (signals.Interrupted)
         with deferred():  # a signal now would leave worker processes behind
             if client is not None:
+                if stopped and cluster is not None:
+                    _quiet_teardown(client)
                 client.close()
             if cluster is not None:
                 cluster.close()

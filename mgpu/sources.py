@@ -164,7 +164,12 @@ class NpySink:
         Through the shared memory map, the page cache holds the bytes for every process at
         once; nothing is synced to disk here (the rename on success publishes the file).
         """
-        mm = np.load(self.partial, mmap_mode="r+")
+        try:
+            mm = np.load(self.partial, mmap_mode="r+")
+        except FileNotFoundError:
+            # Gone only once the job was given up (failed or stopped) while this tile
+            # still ran: there is nothing left to write into.
+            return
         if dev is None:
             mm[index] = block
         else:

@@ -27,7 +27,7 @@ def _wait_for_a_written_tile(folder: Path, proc: subprocess.Popen, timeout: floa
             try:
                 if np.any(np.load(partial, mmap_mode="r")):
                     return
-            except (OSError, ValueError):
+            except (OSError, ValueError, EOFError):
                 pass  # being created
         time.sleep(0.05)
     raise TimeoutError("no tile was written")

@@ -65,6 +65,16 @@ def test_npy_source_and_sink_move_blocks_through_transfer(tmp_path):
     assert not written[17:].any()
 
 
+def test_a_tile_still_running_after_its_job_was_given_up_writes_nothing(tmp_path):
+    # The client removes the temporary file of a failed or stopped job while a tile may
+    # still be running: its write must neither fail (a worker traceback) nor make a file.
+    sink = NpySink.for_path(str(tmp_path / "c.npy"), (4, 3), "float32")
+    sink.create()
+    sink.discard()
+    sink.write((slice(0, 2), slice(None)), np.ones((2, 3), np.float32))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_host_bytes_count_inputs_once_and_naive_counts_each_tile(tmp_path):
     a = np.zeros((1000, 600), np.float32)
     b = np.zeros((600, 800), np.float32)
