@@ -20,12 +20,12 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import dask.config
 import numpy as np
 
-__all__ = ["Stager", "load", "stager", "store"]
+__all__ = ["Stager", "load", "store"]
 
 CHUNK_BYTES = 16 << 20  # per DMA: long enough to run at the full PCIe rate (~0.3 ms)
 BUFFERS = 2  # per host thread: one being filled while the other's DMA runs
@@ -138,40 +138,17 @@ class Stager:
         self.dev = dev
         self.chunk_bytes = chunk_bytes
 
-    def _chunks(self, shape: tuple[int, int], dtype: np.dtype) -> tuple[list[tuple[int, int]], int]:
-        chunks = chunk_rows(shape, dtype.itemsize, self.chunk_bytes)
-        return chunks, max(self.chunk_bytes, shape[1] * dtype.itemsize)  # a row longer than a chunk gets its own
-
     def load(self, dst: Any, src: np.ndarray, stream: Any = None) -> int:
         """Copy host ``src`` (any strides) into device ``dst`` (C-contiguous, same shape).
 
         The DMAs go on ``stream`` (the thread's own by default) and are not waited for:
         work enqueued after them on that stream sees the data. Returns the bytes copied.
         """
-        import cupy
+        def move(buf: np.ndarray, rows: np.ndarray, ptr: int, stream: Any) -> tuple[Any, Any]:
+            np.copyto(buf, rows)
+            return _dma("h2d", ptr, buf.ctypes.data, buf.nbytes, stream)
 
-        stream = stream or self.dev.stream
-        dst2, src2 = _rows(dst), _rows(src)
-        if not dst.flags.c_contiguous or dst2.shape != src2.shape:
-            raise ValueError(f"load: a C-contiguous device array of shape {src.shape} is needed, got {dst.shape}")
-        dtype = np.dtype(dst.dtype)
-        row_bytes = dst2.shape[1] * dtype.itemsize
-        chunks, nbytes = self._chunks(dst2.shape, dtype)
-        device = cupy.cuda.runtime.getDevice()
-
-        def one(rows: tuple[int, int]) -> tuple[int, Any, Any]:
-            r0, r1 = rows
-            buffers = _buffers(nbytes)
-            i, buf = buffers.take((r1 - r0, dst2.shape[1]), dtype)
-            np.copyto(buf, src2[r0:r1])
-            with cupy.cuda.Device(device):
-                begin, end = _dma("h2d", dst2.data.ptr + r0 * row_bytes, buf.ctypes.data, buf.nbytes, stream)
-            buffers.release(i, end)
-            return buf.nbytes, begin, end
-
-        for n, begin, end in _pool().map(one, chunks):
-            self.dev.count_copy("h2d", n, begin, end)
-        return dst.nbytes
+        return self._each_chunk("h2d", src, dst, stream, move)
 
     def store(self, dst: np.ndarray, src: Any, stream: Any = None) -> int:
         """Copy device ``src`` (C-contiguous) into host ``dst`` (any strides, same shape).
@@ -180,31 +157,44 @@ class Stager:
         chunk's DMA, waits for it and copies the chunk out while the others' DMAs run.
         Returns the bytes copied.
         """
+        def move(buf: np.ndarray, rows: np.ndarray, ptr: int, stream: Any) -> tuple[Any, Any]:
+            begin, end = _dma("d2h", buf.ctypes.data, ptr, buf.nbytes, stream)
+            end.synchronize()
+            np.copyto(rows, buf)
+            return begin, end
+
+        return self._each_chunk("d2h", dst, src, stream, move)
+
+    def _each_chunk(self, kind: str, host: np.ndarray, on_device: Any, stream: Any,
+                    move: Callable[[np.ndarray, np.ndarray, int, Any], tuple[Any, Any]]) -> int:
+        """Run ``move(pinned buffer, host rows, device address, stream)`` for every chunk on
+        the host threads, each with one of its own buffers, and count the DMAs it times."""
         import cupy
 
         stream = stream or self.dev.stream
-        dst2, src2 = _rows(dst), _rows(src)
-        if not src.flags.c_contiguous or dst2.shape != src2.shape:
-            raise ValueError(f"store: a C-contiguous device array of shape {dst.shape} is needed, got {src.shape}")
-        dtype = np.dtype(src.dtype)
-        row_bytes = src2.shape[1] * dtype.itemsize
-        chunks, nbytes = self._chunks(src2.shape, dtype)
+        dev2, host2 = _rows(on_device), _rows(host)
+        if not on_device.flags.c_contiguous or dev2.shape != host2.shape:
+            what = "load" if kind == "h2d" else "store"
+            raise ValueError(f"{what}: a C-contiguous device array of shape {host.shape} is needed, "
+                             f"got {on_device.shape}")
+        dtype = np.dtype(on_device.dtype)
+        row_bytes = dev2.shape[1] * dtype.itemsize
+        nbytes = max(self.chunk_bytes, row_bytes)  # a row longer than a chunk gets its own
         device = cupy.cuda.runtime.getDevice()
 
         def one(rows: tuple[int, int]) -> tuple[int, Any, Any]:
             r0, r1 = rows
             buffers = _buffers(nbytes)
-            i, buf = buffers.take((r1 - r0, src2.shape[1]), dtype)
+            i, buf = buffers.take((r1 - r0, dev2.shape[1]), dtype)
             with cupy.cuda.Device(device):
-                begin, end = _dma("d2h", buf.ctypes.data, src2.data.ptr + r0 * row_bytes, buf.nbytes, stream)
-            end.synchronize()
-            np.copyto(dst2[r0:r1], buf)
-            buffers.release(i, None)
+                begin, end = move(buf, host2[r0:r1], dev2.data.ptr + r0 * row_bytes, stream)
+            # A loaded buffer is free once its DMA has run; a stored one is copied out already.
+            buffers.release(i, end if kind == "h2d" else None)
             return buf.nbytes, begin, end
 
-        for n, begin, end in _pool().map(one, chunks):
-            self.dev.count_copy("d2h", n, begin, end)
-        return src.nbytes
+        for n, begin, end in _pool().map(one, chunk_rows(dev2.shape, dtype.itemsize, self.chunk_bytes)):
+            self.dev.count_copy(kind, n, begin, end)
+        return on_device.nbytes
 
 
 def _dma(kind: str, dst: int, src: int, nbytes: int, stream: Any) -> tuple[Any, Any]:
@@ -219,11 +209,6 @@ def _dma(kind: str, dst: int, src: int, nbytes: int, stream: Any) -> tuple[Any, 
     return begin, end
 
 
-def stager(dev: Any) -> Stager:
-    """A :class:`Stager` for ``dev`` with the default chunk size."""
-    return Stager(dev)
-
-
 def load(dev: Any, src: np.ndarray, out: Any = None) -> Any:
     """``src`` (host, any strides) on ``dev``: into ``out`` if given, else a new array."""
     if not dev.is_gpu:
@@ -234,7 +219,7 @@ def load(dev: Any, src: np.ndarray, out: Any = None) -> Any:
     if out is None:
         with dev.on_stream():
             out = dev.xp.empty(src.shape, src.dtype)
-    stager(dev).load(out, src)
+    Stager(dev).load(out, src)
     return out
 
 
@@ -246,4 +231,4 @@ def store(dev: Any, dst: np.ndarray, src: Any) -> None:
     if not src.flags.c_contiguous:
         with dev.on_stream():
             src = dev.xp.ascontiguousarray(src)
-    stager(dev).store(dst, src)
+    Stager(dev).store(dst, src)
