@@ -65,6 +65,7 @@ class Device:
     xp: Any
     facts: DeviceFacts
     new_stream: Callable[[], Any] | None = None
+    new_queue: Callable[[], Any] | None = None  # the in_order stream; by default new_stream()
     extra: dict[str, Any] = field(default_factory=dict)
     _local: threading.local = field(default_factory=threading.local, repr=False)
     _shared: Any = field(default=None, repr=False)  # see in_order
@@ -161,7 +162,7 @@ class Device:
         # between its work and the event after it (else it would wait for theirs too).
         with self._shared_lock:
             if self._shared is None:
-                self._shared = self.new_stream()
+                self._shared = (self.new_queue or self.new_stream)()
             shared = self._shared
             shared.wait_event(mine.record())
             with shared:

@@ -369,6 +369,59 @@ def test_in_order_work_runs_on_one_shared_stream_between_each_threads_own_work()
     assert {i: v for i, (_, _, v) in got.items()} == {i: 2.0 * i * (1 << 22) for i in range(4)}
 
 
+def check_wait_behind_next_band(dev) -> tuple[float, float]:
+    """Two bands' kernels queued in order (each filling every SM for ~40 ms), then the first
+    band's check, a one-block kernel on its thread's stream: (ms from the first kernel's end
+    to the check's end, ms of the second kernel)."""
+    import threading
+
+    spin = cupy.RawKernel(r"""
+    extern "C" __global__ void spin(long long cycles) {
+        long long t0 = clock64();
+        while (clock64() - t0 < cycles) {}
+    }""", "spin")
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    blocks, cycles = props["multiProcessorCount"] * 8, cupy.int64(props["clockRate"] * 1000 // 25)  # ~40 ms
+    events = {name: cupy.cuda.Event() for name in ("k1", "k2_start", "k2", "check")}
+    first_queued, second_queued = threading.Event(), threading.Event()
+
+    def first_band() -> None:
+        with dev.on_stream():
+            with dev.in_order() as queue:
+                spin((blocks,), (256,), (cycles,))
+                events["k1"].record(queue)
+            first_queued.set()
+            second_queued.wait()
+            spin((1,), (32,), (cupy.int64(1000),))  # the check: waits for k1 only
+            events["check"].record(dev.stream)
+            dev.synchronize()
+
+    band = threading.Thread(target=first_band)
+    band.start()
+    first_queued.wait()
+    with dev.on_stream():
+        with dev.in_order() as queue:
+            events["k2_start"].record(queue)
+            spin((blocks,), (256,), (cycles,))
+            events["k2"].record(queue)
+    second_queued.set()
+    band.join()
+    events["k2"].synchronize()
+    return (cupy.cuda.get_elapsed_time(events["k1"], events["check"]),
+            cupy.cuda.get_elapsed_time(events["k2_start"], events["k2"]))
+
+
+def test_a_bands_check_runs_as_its_kernel_ends_not_after_the_bands_queued_behind_it():
+    from mgpu.plugins import _cuda_device
+
+    dev = _cuda_device()
+    dev.synchronize()
+    wait_ms, second_ms = check_wait_behind_next_band(dev)
+    # Without the threads' streams outranking the queue, the check ran after the second
+    # band's kernel (its wait as long as that kernel).
+    assert second_ms > 20 and wait_ms < 0.25 * second_ms, (wait_ms, second_ms)
+
+
 def test_staged_copies_round_trip_strided_blocks_through_a_small_ring():
     from mgpu import transfer
     from mgpu.device import Device, DeviceFacts
