@@ -1,7 +1,8 @@
 """Inputs and outputs of tiles, read and written by the workers themselves.
 
 Sources: counter-based random operands (any block, regenerated anywhere, the same
-values on CPU and GPU) and ``.npy`` files read through memory maps. Sinks: an ``.npy``
+values on CPU and GPU) and ``.npy`` files, read on GPUs with ``pread`` (or through memory
+maps: ``mgpu.transfer.read``) and on CPUs through memory maps. Sinks: an ``.npy``
 that the client creates empty under a temporary name, the workers fill tile by tile,
 and the client renames once the job has passed, so a failed or cancelled job leaves
 nothing under the output's name.
@@ -63,6 +64,7 @@ class NpyInfo:
     path: str
     shape: tuple[int, ...]
     dtype: str
+    offset: int | None = None  # of the data; None unless C-ordered in native byte order (raw reads)
 
 
 def inspect_npy(path: str | Path, *, key: str) -> NpyInfo:
@@ -76,12 +78,13 @@ def inspect_npy(path: str | Path, *, key: str) -> NpyInfo:
         raise ValueError(f"{key}: {str(path)!r} is not a readable .npy file ({e})") from None
     if arr.dtype.name not in FLOAT_DTYPES:
         raise ValueError(f"{key}: {str(path)!r} holds {arr.dtype}; allowed: {', '.join(FLOAT_DTYPES)}")
-    return NpyInfo(str(p.resolve()), tuple(int(s) for s in arr.shape), arr.dtype.name)
+    raw = arr.flags.c_contiguous and arr.dtype.isnative
+    return NpyInfo(str(p.resolve()), tuple(int(s) for s in arr.shape), arr.dtype.name, arr.offset if raw else None)
 
 
 @dataclass(frozen=True)
 class NpySource:
-    """An operand in an ``.npy`` file; each task maps the file and copies its block."""
+    """An operand in an ``.npy`` file; each task reads its block from the file."""
 
     info: NpyInfo
 
@@ -94,13 +97,22 @@ class NpySource:
         mm = np.load(self.info.path, mmap_mode="r")
         return mm[rows[0] : rows[1]] if cols is None else mm[rows[0] : rows[1], cols[0] : cols[1]]
 
+    def _block(self, dev: Device, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> Any:
+        """What :func:`mgpu.transfer.load` reads the block from: on a GPU the file itself
+        (``mgpu.transfer.read: pread``, if its bytes are the array's), else :meth:`view`
+        (on a CPU the copy from the map is all the read there is)."""
+        if transfer.read_method() == "pread" and dev.is_gpu and self.info.offset is not None:
+            return transfer.FileBlock(self.info.path, self.info.offset, self.info.shape, np.dtype(self.info.dtype),
+                                      rows, cols)
+        return self.view(rows, cols)
+
     def read(self, dev: Device, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> Any:
         """The block on ``dev``, staged through pinned memory (see :mod:`mgpu.transfer`)."""
-        return transfer.load(dev, self.view(rows, cols))
+        return transfer.load(dev, self._block(dev, rows, cols))
 
     def read_into(self, dev: Device, out: Any, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> None:
         """The block into ``out``, a C-contiguous array of its shape on ``dev``."""
-        transfer.load(dev, self.view(rows, cols), out)
+        transfer.load(dev, self._block(dev, rows, cols), out)
 
 
 def input_files(value: object, names: tuple[str, str]) -> object:

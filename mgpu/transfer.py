@@ -11,6 +11,10 @@ thread waits for another between chunks: with a barrier per chunk (every thread 
 a slice of one chunk, then all waiting for the DMA) a worker moved 12 GB/s, where the
 same threads copying on their own move 35-55.
 
+A block of an ``.npy`` file may also be given as a :class:`FileBlock`: each thread then
+reads its chunk from the file with ``pread`` straight into its buffer, with no memory map
+and no page faults (``mgpu.transfer.read``).
+
 Work enqueued on the task's stream after :meth:`Stager.load` returns sees the data. On
 CPU workers there is nothing to stage: the copies are plain NumPy.
 """
@@ -19,16 +23,18 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import dask.config
 import numpy as np
 
-__all__ = ["Stager", "load", "store"]
+__all__ = ["FileBlock", "Stager", "load", "ready_buffers", "read_method", "store"]
 
 CHUNK_BYTES = 16 << 20  # per DMA: long enough to run at the full PCIe rate (~0.3 ms)
 BUFFERS = 2  # per host thread: one being filled while the other's DMA runs
+READ_METHODS = ("pread", "mmap")
 _PARALLEL_BYTES = 4 << 20  # below this a chunk is copied by the task's own thread
 
 _POOL: ThreadPoolExecutor | None = None
@@ -46,6 +52,22 @@ def host_threads() -> int:
     """
     default = min(16, max(2, len(os.sched_getaffinity(0)) // 2))
     return max(1, int(dask.config.get("mgpu.transfer.host-threads", default=default)))
+
+
+def read_method() -> str:
+    """How GPU workers read ``.npy`` inputs (``mgpu.transfer.read``): ``"pread"`` (the
+    default), from the file straight into the pinned buffers, or ``"mmap"``, copied from a
+    memory map of the file.
+
+    Raises
+    ------
+    ValueError
+        If the key holds anything else.
+    """
+    value = dask.config.get("mgpu.transfer.read", default="pread")
+    if value not in READ_METHODS:
+        raise ValueError(f"mgpu.transfer.read: {value!r} is not one of {', '.join(READ_METHODS)}")
+    return value
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -70,9 +92,74 @@ def host_copy(dst: np.ndarray, src: np.ndarray) -> None:
     list(_pool().map(lambda b: np.copyto(dst[b[0]:b[1]], src[b[0]:b[1]]), bounds))
 
 
+@dataclass(frozen=True)
+class FileBlock:
+    """Block ``[rows, cols]`` of a C-ordered array whose data starts at byte ``offset`` of
+    the file ``path`` (an ``.npy``'s), for :meth:`Stager.load` to read with ``pread``.
+
+    For a 1-D array ``rows`` is the element range; ``cols`` None means every column.
+    """
+
+    path: str
+    offset: int
+    file_shape: tuple[int, ...]
+    dtype: np.dtype
+    rows: tuple[int, int]
+    cols: tuple[int, int] | None = None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.file_shape)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        n = self.rows[1] - self.rows[0]
+        if self.ndim == 1:
+            return (n,)
+        c0, c1 = self.cols or (0, self.file_shape[1])
+        return (n, c1 - c0)
+
+    def as_column(self) -> FileBlock:
+        """A 1-D block as a block of one column (a 1-D file is laid out as N x 1)."""
+        return replace(self, file_shape=(self.file_shape[0], 1), cols=(0, 1))
+
+    def __getitem__(self, rows: slice) -> FileBlock:
+        """Rows ``rows.start:rows.stop`` of the block (the only indexing the stager does)."""
+        return replace(self, rows=(self.rows[0] + rows.start, self.rows[0] + rows.stop))
+
+    def fill(self, buf: np.ndarray, fd: int) -> None:
+        """Fill ``buf`` (C-contiguous, of the block's shape) from ``fd``, the open file: one
+        read for rows that are contiguous in the file, else one read per row."""
+        width = self.file_shape[1] if self.ndim == 2 else 1
+        c0, c1 = self.cols or (0, width)
+        itemsize = self.dtype.itemsize
+        start = self.offset + (self.rows[0] * width + c0) * itemsize
+        out = memoryview(buf.reshape(-1).view(np.uint8))
+        if c1 - c0 == width:
+            _pread_exactly(fd, out, start, self.path)
+            return
+        n = (c1 - c0) * itemsize
+        for i in range(self.rows[1] - self.rows[0]):
+            _pread_exactly(fd, out[i * n:(i + 1) * n], start + i * width * itemsize, self.path)
+
+
+def _pread_exactly(fd: int, out: memoryview, offset: int, path: str) -> None:
+    """Fill ``out`` with the bytes of ``fd`` from ``offset``; a read may return fewer bytes
+    than asked (a signal, a read over 2 GiB), so read until they are all in."""
+    done = 0
+    while done < len(out):
+        n = os.preadv(fd, [out[done:]], offset + done)
+        if n == 0:
+            raise EOFError(f"{path} is truncated: it ends at byte {offset + done}, short of the data "
+                           "its header describes")
+        done += n
+
+
 def _rows(a: Any) -> Any:
-    """View a 1-D array as one column, so that every copy below is by rows."""
-    return a.reshape(-1, 1) if a.ndim == 1 else a
+    """View a 1-D array (or file block) as one column, so that every copy below is by rows."""
+    if a.ndim != 1:
+        return a
+    return a.as_column() if isinstance(a, FileBlock) else a.reshape(-1, 1)
 
 
 def chunk_rows(shape: tuple[int, int], itemsize: int, chunk_bytes: int = CHUNK_BYTES) -> list[tuple[int, int]]:
@@ -122,6 +209,27 @@ def _buffers(nbytes: int) -> _Buffers:
     return b
 
 
+def ready_buffers(nbytes: int = CHUNK_BYTES, timeout: float = 10.0) -> None:
+    """Make every host thread's pinned buffers (of ``nbytes`` each) now, ahead of a job.
+
+    One task per pool thread, each held at a barrier until all have made theirs, so that
+    no thread takes two tasks and none is left without. A barrier not met in ``timeout``
+    seconds (a thread busy with another task) leaves the rest to their first chunk.
+    """
+    n = host_threads()
+    barrier = threading.Barrier(n, timeout=timeout)
+
+    def one() -> None:
+        _buffers(nbytes)
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            pass
+
+    for f in [_pool().submit(one) for _ in range(n)]:
+        f.result()
+
+
 class Stager:
     """Staged copies between host arrays and one device, for the calling task thread.
 
@@ -138,17 +246,30 @@ class Stager:
         self.dev = dev
         self.chunk_bytes = chunk_bytes
 
-    def load(self, dst: Any, src: np.ndarray, stream: Any = None) -> int:
-        """Copy host ``src`` (any strides) into device ``dst`` (C-contiguous, same shape).
+    def load(self, dst: Any, src: np.ndarray | FileBlock, stream: Any = None) -> int:
+        """Copy host ``src`` (any strides, or a :class:`FileBlock`) into device ``dst``
+        (C-contiguous, same shape).
 
         The DMAs go on ``stream`` (the thread's own by default) and are not waited for:
         work enqueued after them on that stream sees the data. Returns the bytes copied.
         """
-        def move(buf: np.ndarray, rows: np.ndarray, ptr: int, stream: Any) -> tuple[Any, Any]:
-            np.copyto(buf, rows)
+        if isinstance(src, FileBlock) and src.dtype != np.dtype(dst.dtype):
+            raise ValueError(f"load: {src.path} holds {src.dtype}, the device array is {dst.dtype}")
+        # One descriptor for the whole load, shared by the host threads: pread takes its offset.
+        fd = os.open(src.path, os.O_RDONLY) if isinstance(src, FileBlock) else None
+
+        def move(buf: np.ndarray, rows: Any, ptr: int, stream: Any) -> tuple[Any, Any]:
+            if fd is None:
+                np.copyto(buf, rows)
+            else:
+                rows.fill(buf, fd)
             return _dma("h2d", ptr, buf.ctypes.data, buf.nbytes, stream)
 
-        return self._each_chunk("h2d", src, dst, stream, move)
+        try:
+            return self._each_chunk("h2d", src, dst, stream, move)
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def store(self, dst: np.ndarray, src: Any, stream: Any = None) -> int:
         """Copy device ``src`` (C-contiguous) into host ``dst`` (any strides, same shape).
@@ -165,8 +286,8 @@ class Stager:
 
         return self._each_chunk("d2h", dst, src, stream, move)
 
-    def _each_chunk(self, kind: str, host: np.ndarray, on_device: Any, stream: Any,
-                    move: Callable[[np.ndarray, np.ndarray, int, Any], tuple[Any, Any]]) -> int:
+    def _each_chunk(self, kind: str, host: Any, on_device: Any, stream: Any,
+                    move: Callable[[np.ndarray, Any, int, Any], tuple[Any, Any]]) -> int:
         """Run ``move(pinned buffer, host rows, device address, stream)`` for every chunk on
         the host threads, each with one of its own buffers, and count the DMAs it times."""
         import cupy
@@ -192,8 +313,12 @@ class Stager:
             buffers.release(i, end if kind == "h2d" else None)
             return buf.nbytes, begin, end
 
-        for n, begin, end in _pool().map(one, chunk_rows(dev2.shape, dtype.itemsize, self.chunk_bytes)):
-            self.dev.count_copy(kind, n, begin, end)
+        chunks = [_pool().submit(one, rows) for rows in chunk_rows(dev2.shape, dtype.itemsize, self.chunk_bytes)]
+        # Every chunk ends before any error is raised: none may still use the caller's file
+        # descriptor or arrays once they are let go.
+        wait(chunks)
+        for chunk in chunks:
+            self.dev.count_copy(kind, *chunk.result())
         return on_device.nbytes
 
 
@@ -209,8 +334,9 @@ def _dma(kind: str, dst: int, src: int, nbytes: int, stream: Any) -> tuple[Any, 
     return begin, end
 
 
-def load(dev: Any, src: np.ndarray, out: Any = None) -> Any:
-    """``src`` (host, any strides) on ``dev``: into ``out`` if given, else a new array."""
+def load(dev: Any, src: np.ndarray | FileBlock, out: Any = None) -> Any:
+    """``src`` (host, any strides; or, on a GPU, a :class:`FileBlock`) on ``dev``: into
+    ``out`` if given, else a new array."""
     if not dev.is_gpu:
         if out is None:
             return np.ascontiguousarray(src)

@@ -215,8 +215,8 @@ def _late_cupy(streams: dict[int, _LateStream]) -> Any:
     return SimpleNamespace(cuda=cuda)
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_pinned_buffers_are_refilled_only_after_their_copy_ran(monkeypatch, threads):
+def _stand_in_gpu(monkeypatch: pytest.MonkeyPatch, threads: int) -> tuple[Device, _LateStream]:
+    """A GPU device on the stand-in CuPy, and a fresh pool of ``threads`` host threads."""
     import sys
 
     stream = _LateStream()
@@ -224,15 +224,25 @@ def test_pinned_buffers_are_refilled_only_after_their_copy_ran(monkeypatch, thre
     monkeypatch.setattr(transfer, "_POOL", None)  # a pool of ``threads`` for this test
     monkeypatch.setattr(transfer, "_LOCAL", threading.local())
     monkeypatch.setattr(transfer, "host_threads", lambda: threads)
-    dev = Device("cuda", None, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"), new_stream=lambda: stream)
+    return Device("cuda", None, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"), new_stream=lambda: stream), stream
+
+
+def _run_copies(stream: _LateStream) -> None:
+    """Run every copy enqueued on ``stream`` so far."""
+    done = _Event()
+    done.record(stream)
+    done.synchronize()
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_pinned_buffers_are_refilled_only_after_their_copy_ran(monkeypatch, threads):
+    dev, stream = _stand_in_gpu(monkeypatch, threads)
     stager = transfer.Stager(dev, chunk_bytes=4 * 40 * 8)  # 8 rows of 40 float32 a chunk: 13 chunks
     src = np.arange(100 * 60, dtype=np.float32).reshape(100, 60)[:, 10:50]  # strided rows
     dst = np.zeros((100, 40), np.float32).view(_DeviceArray)
     stager.load(dst, src, stream)
     assert not np.array_equal(dst, src)  # the last copies wait on the stream
-    done = _Event()
-    done.record(stream)
-    done.synchronize()
+    _run_copies(stream)
     assert np.array_equal(np.asarray(dst), src)
     back = np.zeros((100, 60), np.float32)
     stager.store(back[:, 10:50], (dst * 3).view(_DeviceArray), stream)  # store waits for its copies itself
@@ -240,3 +250,247 @@ def test_pinned_buffers_are_refilled_only_after_their_copy_ran(monkeypatch, thre
     assert dev.bytes_h2d == dev.bytes_d2h == src.nbytes
     # One timed DMA a chunk each way (the stand-in times each at 1 ms).
     assert dev.copy_seconds() == pytest.approx({"h2d": 0.013, "d2h": 0.013})
+
+
+# -- reads straight from the file (FileBlock, pread) into the pinned buffers --------------
+
+
+def _npy(path: Path, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Write an ``.npy`` of distinct values; returns its memory map."""
+    mm = np.lib.format.open_memmap(str(path), mode="w+", dtype=dtype, shape=shape)
+    mm[...] = np.random.default_rng(3).standard_normal(shape)
+    mm.flush()
+    del mm
+    return np.load(path, mmap_mode="r")
+
+
+def _file_block(mm: np.memmap, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> transfer.FileBlock:
+    return transfer.FileBlock(str(mm.filename), mm.offset, mm.shape, mm.dtype, rows, cols)
+
+
+def _count_opens(monkeypatch: pytest.MonkeyPatch, path: Path) -> tuple[list[int], list[int]]:
+    """The descriptors opened on ``path`` and those of them closed, as they happen."""
+    import os
+
+    opened: list[int] = []
+    closed: list[int] = []
+    real_open, real_close = os.open, os.close
+
+    def open_(p: Any, *args: Any, **kwargs: Any) -> int:
+        fd = real_open(p, *args, **kwargs)
+        if str(p) == str(path):
+            opened.append(fd)
+        return fd
+
+    def close(fd: int) -> None:
+        if fd in opened:
+            closed.append(fd)
+        real_close(fd)
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(os, "close", close)
+    return opened, closed
+
+
+# (file shape, dtype, rows, cols, bytes a chunk, chunks): several chunks, the last partial.
+_BLOCKS = [
+    ((1001,), "float32", (13, 994), None, 64 * 4, 16),  # an element range of a 1-D file
+    ((50, 37), "float64", (3, 46), None, 4 * 37 * 8, 11),  # full-width rows: one read a chunk
+    ((50, 37), "float16", (2, 49), (5, 29), 5 * 24 * 2, 10),  # a column block: a read a row
+    ((50, 37), "float32", (0, 50), (0, 36), 7 * 36 * 4, 8),  # all but the last column
+]
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("shape,dtype,rows,cols,chunk,chunks", _BLOCKS)
+def test_a_file_block_loads_the_same_data_as_the_memory_map(monkeypatch, tmp_path, threads, shape, dtype,
+                                                            rows, cols, chunk, chunks):
+    dev, stream = _stand_in_gpu(monkeypatch, threads)
+    mm = _npy(tmp_path / "a.npy", shape, dtype)
+    want = mm[rows[0]:rows[1]] if cols is None else mm[rows[0]:rows[1], cols[0]:cols[1]]
+    block = _file_block(mm, rows, cols)
+    assert block.shape == want.shape
+    opened, closed = _count_opens(monkeypatch, tmp_path / "a.npy")
+    dst = np.zeros(want.shape, dtype).view(_DeviceArray)
+    assert transfer.Stager(dev, chunk_bytes=chunk).load(dst, block, stream) == want.nbytes
+    _run_copies(stream)
+    assert np.array_equal(np.asarray(dst), want)
+    assert len(opened) == 1 and closed == opened  # one descriptor for the load, closed at its end
+    assert dev.copy_seconds()["h2d"] == pytest.approx(chunks * 0.001)  # a DMA a chunk
+
+
+def test_short_reads_are_completed(monkeypatch, tmp_path):
+    import os
+
+    dev, stream = _stand_in_gpu(monkeypatch, 3)
+    mm = _npy(tmp_path / "a.npy", (40, 30), "float32")
+    real_preadv = os.preadv
+    calls = []
+
+    def short(fd: int, buffers: list[memoryview], offset: int) -> int:
+        calls.append(offset)
+        return real_preadv(fd, [buffers[0][:5]], offset)  # at most 5 bytes a call
+
+    monkeypatch.setattr(os, "preadv", short)
+    for rows, cols in (((0, 40), None), ((1, 39), (3, 17))):
+        want = mm[rows[0]:rows[1]] if cols is None else mm[rows[0]:rows[1], cols[0]:cols[1]]
+        dst = np.zeros(want.shape, np.float32).view(_DeviceArray)
+        calls.clear()
+        transfer.Stager(dev, chunk_bytes=4 * 30 * 8).load(dst, _file_block(mm, rows, cols), stream)
+        _run_copies(stream)
+        assert np.array_equal(np.asarray(dst), want)
+        assert len(calls) >= want.nbytes / 5
+
+
+@pytest.mark.parametrize("cols", [None, (2, 20)])
+def test_a_truncated_file_raises_an_error_naming_it(monkeypatch, tmp_path, cols):
+    import os
+
+    dev, stream = _stand_in_gpu(monkeypatch, 3)
+    path = tmp_path / "a.npy"
+    mm = _npy(path, (40, 30), "float32")
+    block = _file_block(mm, (0, 40), cols)
+    os.truncate(path, mm.offset + mm.nbytes - 100)
+    opened, closed = _count_opens(monkeypatch, path)
+    dst = np.zeros(block.shape, np.float32).view(_DeviceArray)
+    with pytest.raises(EOFError, match=f"{path} is truncated"):
+        transfer.Stager(dev, chunk_bytes=4 * 30 * 8).load(dst, block, stream)
+    assert len(opened) == 1 and closed == opened
+
+
+def test_ready_buffers_gives_every_host_thread_its_own(monkeypatch):
+    _stand_in_gpu(monkeypatch, 4)
+    made: list[tuple[int, Any]] = []
+
+    class Counted(transfer._Buffers):
+        def __init__(self, nbytes: int) -> None:
+            super().__init__(nbytes)
+            made.append((threading.get_ident(), self))
+
+    monkeypatch.setattr(transfer, "_Buffers", Counted)
+    # One pool thread exists and is idle: without the barrier it could take every task.
+    transfer._pool().submit(lambda: None).result()
+    transfer.ready_buffers(1024)
+    assert len(made) == 4 and len({thread for thread, _ in made}) == 4
+    assert all(b.nbytes == 1024 for _, b in made)
+    transfer.ready_buffers(1024)
+    assert len(made) == 4  # each thread keeps its buffers
+
+
+def test_ready_buffers_does_not_wait_for_a_busy_thread(monkeypatch):
+    import time
+
+    _stand_in_gpu(monkeypatch, 3)
+    release = threading.Event()
+    busy = transfer._pool().submit(release.wait)
+    try:
+        t = time.perf_counter()
+        transfer.ready_buffers(1024, timeout=0.3)
+        assert time.perf_counter() - t < 5
+    finally:
+        release.set()
+        busy.result()
+
+
+@pytest.mark.parametrize("method", ["pread", "mmap"])
+def test_npy_source_reads_the_file_on_a_cpu_either_way(tmp_path, method):
+    import dask.config
+
+    from mgpu.sources import inspect_npy
+
+    dev = _cpu_device()
+    mat = _npy(tmp_path / "a.npy", (40, 30), "float32")
+    vec = _npy(tmp_path / "x.npy", (1000,), "float64")
+    a, x = NpySource(inspect_npy(mat.filename, key="a")), NpySource(inspect_npy(vec.filename, key="x"))
+    with dask.config.set({"mgpu.transfer.read": method}):
+        assert np.array_equal(a.read(dev, (5, 17), (3, 29)), mat[5:17, 3:29])
+        assert np.array_equal(a.read(dev, (0, 40)), mat)
+        assert np.array_equal(x.read(dev, (10, 990)), vec[10:990])
+
+
+def test_the_read_method_defaults_to_pread_and_a_bad_one_names_the_key(tmp_path):
+    import dask.config
+
+    assert transfer.read_method() == "pread"
+    data = _npy(tmp_path / "a.npy", (4, 3), "float32")
+    src = NpySource(NpyInfo(str(data.filename), data.shape, "float32", data.offset))
+    with dask.config.set({"mgpu.transfer.read": "mapped"}):
+        with pytest.raises(ValueError, match="mgpu.transfer.read: 'mapped' is not one of pread, mmap"):
+            src.read(_cpu_device(), (0, 4), (0, 3))
+
+
+@pytest.mark.parametrize("method", ["pread", "mmap"])
+@pytest.mark.parametrize("layout", ["C", "fortran", "big-endian"])
+def test_npy_source_on_a_gpu_reads_by_pread_only_where_the_bytes_are_the_array(monkeypatch, tmp_path,
+                                                                              method, layout):
+    import os
+
+    import dask.config
+
+    from mgpu.sources import inspect_npy
+
+    dev, stream = _stand_in_gpu(monkeypatch, 3)
+    data = np.random.default_rng(5).standard_normal((40, 30)).astype(np.float32)
+    if layout == "fortran":
+        data = np.asfortranarray(data)
+    elif layout == "big-endian":
+        data = data.astype(">f4")
+    np.save(tmp_path / "a.npy", data)
+    src = NpySource(inspect_npy(tmp_path / "a.npy", key="a"))
+    reads = []
+    real_preadv = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda *args: reads.append(args) or real_preadv(*args))
+    out = np.zeros((12, 26), np.float32).view(_DeviceArray)
+    with dask.config.set({"mgpu.transfer.read": method}):
+        src.read_into(dev, out, (5, 17), (3, 29))
+    _run_copies(stream)
+    assert np.array_equal(np.asarray(out), data[5:17, 3:29])
+    assert bool(reads) == (method == "pread" and layout == "C")
+
+
+def test_a_failed_load_raises_only_once_no_chunk_reads_any_more(monkeypatch, tmp_path):
+    # A chunk failing must not close the file under the chunks still reading it.
+    import os
+    import time
+
+    dev, stream = _stand_in_gpu(monkeypatch, 3)
+    mm = _npy(tmp_path / "a.npy", (40, 30), "float32")
+    opened, closed = _count_opens(monkeypatch, tmp_path / "a.npy")
+    real_preadv = os.preadv
+    late = []
+
+    def preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        if offset == mm.offset:
+            raise OSError("bad sector")  # the first chunk's read fails at once
+        time.sleep(0.02)
+        if closed:
+            late.append(offset)
+        return real_preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    dst = np.zeros((40, 30), np.float32).view(_DeviceArray)
+    with pytest.raises(OSError, match="bad sector"):
+        transfer.Stager(dev, chunk_bytes=4 * 30 * 4).load(dst, _file_block(mm, (0, 40)), stream)
+    time.sleep(0.1)
+    assert closed == opened and not late
+
+
+def test_only_file_jobs_on_gpus_make_the_pinned_buffers_in_their_warm_up(monkeypatch, tmp_path):
+    from mgpu.workloads.dot import Dot, DotParams
+
+    readied = []
+    monkeypatch.setattr(transfer, "ready_buffers", lambda: readied.append(1))
+    monkeypatch.setattr(Dot, "run_tile", lambda self, dev, tile: None)  # the warm-up's small tile
+    monkeypatch.setattr(Matmul, "run_tile", lambda self, dev, tile: None)
+    gpu = Device("cuda", None, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"))
+    for name in ("x", "y"):
+        np.save(tmp_path / f"{name}.npy", np.ones(10, np.float32))
+    _, _, files = _files(tmp_path, 6, 5, 4)
+    from_files = [Dot(DotParams(input={"x": str(tmp_path / "x.npy"), "y": str(tmp_path / "y.npy")})),
+                  Matmul(MatmulParams(input=files))]
+    for wl in from_files:
+        wl.warmup(_cpu_device())
+        wl.warmup(gpu)
+    for wl in (Dot(DotParams(n=10)), Matmul(MatmulParams(m=6, n=4, k=5))):
+        wl.warmup(gpu)
+    assert len(readied) == 2  # once per file job, on the GPU
