@@ -75,10 +75,11 @@ def _cuda_device() -> _device.Device:
     # in-order queue (Device.in_order): a band's check, a small kernel on its thread's
     # stream, gets the SMs as soon as its band's kernel ends instead of after every band
     # queued behind it (it waited 40-150 ms, and its thread with it).
-    least, greatest = cupy.cuda.runtime.deviceGetStreamPriorityRange()
+    # Priority 0 is the least (every stream's default); -1 outranks it on any GPU with
+    # stream priorities (their range runs from 0 up to -1 or beyond).
     return _device.Device("cuda", cupy, facts,
-                          new_stream=lambda: cupy.cuda.Stream(non_blocking=True, priority=greatest),
-                          new_queue=lambda: cupy.cuda.Stream(non_blocking=True, priority=least))
+                          new_stream=lambda: cupy.cuda.Stream(non_blocking=True, priority=-1),
+                          new_queue=lambda: cupy.cuda.Stream(non_blocking=True, priority=0))
 
 
 def _cpu_device(worker: Any) -> _device.Device:

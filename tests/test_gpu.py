@@ -370,9 +370,11 @@ def test_in_order_work_runs_on_one_shared_stream_between_each_threads_own_work()
 
 
 def check_wait_behind_next_band(dev) -> tuple[float, float]:
-    """Two bands' kernels queued in order (each filling every SM for ~40 ms), then the first
-    band's check, a one-block kernel on its thread's stream: (ms from the first kernel's end
-    to the check's end, ms of the second kernel)."""
+    """Two bands' kernels queued in order (each ~40 ms, 40 waves of blocks that fill every
+    SM for 1 ms, as a band's many blocks do), then the first band's check, a one-block
+    kernel on its thread's stream: (ms from the first kernel's end to the check's end, ms
+    of the second kernel). Running blocks are never preempted: a check can only be given
+    the SMs of blocks that end, ahead of the second kernel's waiting blocks or after them."""
     import threading
 
     spin = cupy.RawKernel(r"""
@@ -381,7 +383,7 @@ def check_wait_behind_next_band(dev) -> tuple[float, float]:
         while (clock64() - t0 < cycles) {}
     }""", "spin")
     props = cupy.cuda.runtime.getDeviceProperties(0)
-    blocks, cycles = props["multiProcessorCount"] * 8, cupy.int64(props["clockRate"] * 1000 // 25)  # ~40 ms
+    blocks, cycles = props["multiProcessorCount"] * 8 * 40, cupy.int64(props["clockRate"])  # 1 ms a block
     events = {name: cupy.cuda.Event() for name in ("k1", "k2_start", "k2", "check")}
     first_queued, second_queued = threading.Event(), threading.Event()
 
