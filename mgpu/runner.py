@@ -57,9 +57,9 @@ class Events:
         """The last job is done and its cluster still up (``submit --keep-open`` waits here)."""
 
 
-@contextlib.contextmanager
-def _counted(dev: _device.Device) -> Iterator[Callable[[TileRecord], None]]:
-    """Count what a task moves and spills; the block's result fills a record with it."""
+def _counter(dev: _device.Device) -> Callable[[TileRecord], None]:
+    """Start counting what a task moves and spills; the function returned fills a record
+    with what was counted since."""
     h2d, d2h, (events, spilled) = dev.bytes_h2d, dev.bytes_d2h, dev.spill_counts()
     if dev.is_gpu:
         dev.copy_seconds()  # forget copies from before this task (a warm-up's)
@@ -72,16 +72,16 @@ def _counted(dev: _device.Device) -> Iterator[Callable[[TileRecord], None]]:
             seconds = dev.copy_seconds()
             record.h2d_s, record.d2h_s = seconds["h2d"], seconds["d2h"]
 
-    yield fill
+    return fill
 
 
 def _make_panel(workload: Workload, panel: Panel, token: str) -> PanelRef:
     dev = _device.current()
     start = time.time()
-    with _counted(dev) as fill:
-        ref = workload.make_panel(dev, panel, token)
-        record = Workload.new_record(dev, Tile(-1, panel.bounds), start, busy_s=0.0, work=0.0, kind="panel")
-        fill(record)
+    fill = _counter(dev)
+    ref = workload.make_panel(dev, panel, token)
+    record = Workload.new_record(dev, Tile(-1, panel.bounds), start, busy_s=0.0, work=0.0, kind="panel")
+    fill(record)
     return dataclasses.replace(ref, record=record)
 
 
@@ -90,9 +90,9 @@ def _run_tile(workload: Workload, tile: Tile, panels: dict[str, PanelRef] | None
     delay = injected_delay()
     if delay:
         time.sleep(delay)
-    with _counted(dev) as fill:
-        record = workload.run_tile(dev, tile, panels) if panels else workload.run_tile(dev, tile)
-        fill(record)
+    fill = _counter(dev)
+    record = workload.run_tile(dev, tile, panels) if panels else workload.run_tile(dev, tile)
+    fill(record)
     return record
 
 
