@@ -448,6 +448,86 @@ def test_npy_source_on_a_gpu_reads_by_pread_only_where_the_bytes_are_the_array(m
     assert bool(reads) == (method == "pread" and layout == "C")
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("shape,dtype,rows,cols,chunk,chunks", _BLOCKS)
+def test_a_file_block_is_written_in_place_and_nothing_else_changes(monkeypatch, tmp_path, threads, shape, dtype,
+                                                                   rows, cols, chunk, chunks):
+    dev, stream = _stand_in_gpu(monkeypatch, threads)
+    before = _npy(tmp_path / "c.npy", shape, dtype)
+    want = np.array(before)
+    index = (slice(*rows),) if cols is None else (slice(*rows), slice(*cols))
+    want[index] = np.arange(want[index].size).reshape(want[index].shape) + 1
+    opened, closed = _count_opens(monkeypatch, tmp_path / "c.npy")
+    src = np.ascontiguousarray(want[index]).view(_DeviceArray)
+    assert transfer.Stager(dev, chunk_bytes=chunk).store(_file_block(before, rows, cols), src, stream) == src.nbytes
+    assert np.array_equal(np.load(tmp_path / "c.npy"), want)  # store waits for its writes itself
+    assert len(opened) == 1 and closed == opened
+    assert dev.copy_seconds()["d2h"] == pytest.approx(chunks * 0.001)  # a DMA a chunk
+
+
+def test_short_writes_are_completed(monkeypatch, tmp_path):
+    import os
+
+    dev, stream = _stand_in_gpu(monkeypatch, 3)
+    mm = _npy(tmp_path / "c.npy", (40, 30), "float32")
+    real_pwritev = os.pwritev
+    calls = []
+
+    def short(fd: int, buffers: list[memoryview], offset: int) -> int:
+        calls.append(offset)
+        return real_pwritev(fd, [buffers[0][:5]], offset)  # at most 5 bytes a call
+
+    monkeypatch.setattr(os, "pwritev", short)
+    src = np.random.default_rng(1).standard_normal((38, 14)).astype(np.float32)
+    transfer.Stager(dev, chunk_bytes=4 * 30 * 8).store(_file_block(mm, (1, 39), (3, 17)), src.view(_DeviceArray),
+                                                       stream)
+    assert np.array_equal(np.load(tmp_path / "c.npy")[1:39, 3:17], src)
+    assert len(calls) >= src.nbytes / 5
+
+
+def test_a_store_of_another_dtype_into_a_file_is_refused(monkeypatch, tmp_path):
+    dev, stream = _stand_in_gpu(monkeypatch, 1)
+    mm = _npy(tmp_path / "c.npy", (4, 3), "float32")
+    with pytest.raises(ValueError, match="c.npy holds float32, the device array is float64"):
+        transfer.Stager(dev).store(_file_block(mm, (0, 4)), np.zeros((4, 3)).view(_DeviceArray), stream)
+
+
+@pytest.mark.parametrize("method", ["pwrite", "mmap"])
+@pytest.mark.parametrize("shape,index", [((40, 30), (slice(5, 17), slice(3, 29))), ((40, 30), (slice(0, 40),)),
+                                         ((1000,), (slice(10, 990),))])
+def test_a_gpu_writes_its_sink_by_pwrite_or_through_the_map_with_the_same_file(monkeypatch, tmp_path, method,
+                                                                               shape, index):
+    import os
+
+    import dask.config
+
+    dev, stream = _stand_in_gpu(monkeypatch, 3)
+    sink = NpySink.for_path(str(tmp_path / "c.npy"), shape, "float32")
+    sink.create()
+    want = np.zeros(shape, np.float32)
+    want[index] = np.random.default_rng(2).standard_normal(want[index].shape)
+    writes = []
+    real_pwritev = os.pwritev
+    monkeypatch.setattr(os, "pwritev", lambda *args: writes.append(args) or real_pwritev(*args))
+    with dask.config.set({"mgpu.transfer.write": method}):
+        sink.write(index, np.ascontiguousarray(want[index]).view(_DeviceArray), dev)
+    sink.commit()
+    assert np.array_equal(np.load(tmp_path / "c.npy"), want)
+    assert bool(writes) == (method == "pwrite")
+
+
+def test_the_write_method_defaults_to_pwrite_and_a_bad_one_names_the_key(monkeypatch, tmp_path):
+    import dask.config
+
+    dev, stream = _stand_in_gpu(monkeypatch, 1)
+    assert transfer.write_method() == "pwrite"
+    sink = NpySink.for_path(str(tmp_path / "c.npy"), (4, 3), "float32")
+    sink.create()
+    with dask.config.set({"mgpu.transfer.write": "direct"}):
+        with pytest.raises(ValueError, match="mgpu.transfer.write: 'direct' is not one of pwrite, mmap"):
+            sink.write((slice(0, 4),), np.ones((4, 3), np.float32).view(_DeviceArray), dev)
+
+
 def test_a_failed_load_raises_only_once_no_chunk_reads_any_more(monkeypatch, tmp_path):
     # A chunk failing must not close the file under the chunks still reading it.
     import os
