@@ -10,7 +10,11 @@ Routes measured (GB/s), each on the same file:
 - pinned -> device (the PCIe rate the bound uses) and pageable -> device;
 - the file's mmap registered with ``cudaHostRegister`` (read-only) and copied to the
   device directly, with the registration's own cost;
-- device -> a new ``.npy``'s writable mmap, registered, and device -> pinned -> mmap;
+- device -> a new ``.npy``'s writable mmap, registered, and device -> pinned -> mmap, or
+  pinned -> the new file by ``pwrite`` (no page faulted, none zeroed), with 1..16 threads;
+- a fresh read-only mapping registered with ``cudaHostRegister`` in 64 MiB pieces by 1..8
+  threads at once, each piece DMAed and unregistered (no host copy at all);
+- pageable -> pageable copies with 8..32 threads: what the host's memory moves at all.
 - a fresh mapping registered whole (the driver faults its pages in) and DMAed, all
   columns and a column half (a 2-D DMA), as a worker reads a row or a column panel.
 """
@@ -110,6 +114,13 @@ def main(scratch: Path, gib: float, json_path: Path | None) -> None:
     assert np.array_equal(pageable, pinned)
     if cupy is not None:
         _device_routes(cupy, scratch, src, pinned, out)
+    big = np.empty_like(pageable)
+    big[...] = 0  # its pages mapped
+    for threads in (8, 16, 32):
+        t = time.perf_counter()
+        _threads_copy(big, pageable, threads)
+        out[f"memcpy_pageable_{threads}t_gbps"] = _rate(nbytes, time.perf_counter() - t)
+    del big
     for line in sorted(out.items()):
         print(f"{line[0]:36s} {line[1]:.4g}" if isinstance(line[1], float) else f"{line[0]:36s} {line[1]}")
     if json_path:
@@ -185,6 +196,75 @@ def _device_routes(cupy: Any, scratch: Path, src: np.ndarray, pinned: np.ndarray
         _threads_copy(dst2, pinned, threads)
         out[f"pinned_to_new_mmap_{threads}t_gbps"] = _rate(nbytes, time.perf_counter() - t)
         del dst2
+        out[f"pinned_to_new_file_pwrite_{threads}t_gbps"] = _rate(nbytes, _threads_pwrite(
+            str(scratch / f"probe-pw{threads}.npy"), pinned, threads))
+    for threads in (1, 4, 8):
+        try:
+            out[f"registered_pieces_{threads}t_gbps"] = _registered_pieces(cupy, src.filename, dev, threads)
+        except Exception as e:  # noqa: BLE001
+            out[f"registered_pieces_{threads}t_error"] = repr(e)
+
+
+def _threads_pwrite(path: str, src: np.ndarray, threads: int) -> float:
+    """Seconds to write ``src`` into a new (sparse) ``.npy`` by ``pwrite``, 16 MiB a call,
+    the calls dealt round-robin over ``threads``."""
+    dst = np.lib.format.open_memmap(path, mode="w+", dtype=src.dtype, shape=src.shape)
+    offset = dst.offset
+    del dst
+    flat = memoryview(src.reshape(-1).view(np.uint8))
+    piece = 16 << 20
+    starts = list(range(0, len(flat), piece))
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        def one(i: int) -> None:
+            for lo in starts[i::threads]:
+                view = flat[lo:lo + piece]
+                done = 0
+                while done < len(view):
+                    done += os.pwritev(fd, [view[done:]], offset + lo + done)
+
+        t = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(one, range(threads)))
+        seconds = time.perf_counter() - t
+    finally:
+        os.close(fd)
+    check = np.load(path, mmap_mode="r")
+    assert np.array_equal(check[-1], src[-1]) and np.array_equal(check[0], src[0])
+    del check
+    os.unlink(path)
+    return seconds
+
+
+def _registered_pieces(cupy: Any, path: str, dev: Any, threads: int) -> float:
+    """GB/s of a fresh read-only mapping moved to ``dev`` in 64 MiB pieces, each registered,
+    DMAed on its thread's stream and unregistered, by ``threads`` threads at once."""
+    rt = cupy.cuda.runtime
+    fresh = np.load(path, mmap_mode="r")
+    base, size = _pages(fresh.ctypes.data, fresh.nbytes)
+    piece = 64 << 20
+    starts = list(range(0, size, piece))
+    device = rt.getDevice()
+    dst = dev.data.ptr
+
+    def one(i: int) -> None:
+        with cupy.cuda.Device(device):
+            stream = cupy.cuda.Stream(non_blocking=True)
+            for lo in starts[i::threads]:
+                n = min(piece, size - lo)
+                rt.hostRegister(base + lo, n, _REGISTER_READ_ONLY | _REGISTER_PORTABLE)
+                count = max(0, min(n, dev.nbytes - lo))  # the mapping's pages may pass the array's end
+                if count:
+                    rt.memcpyAsync(dst + lo, base + lo, count, rt.memcpyHostToDevice, stream.ptr)
+                    stream.synchronize()
+                rt.hostUnregister(base + lo)
+
+    t = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, range(threads)))
+    seconds = time.perf_counter() - t
+    del fresh
+    return _rate(size, seconds)
 
 
 def _registered_stream(cupy: Any, path: str, dev: Any, stream: Any, col_half: bool, out: dict[str, Any]) -> None:

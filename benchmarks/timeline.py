@@ -7,12 +7,15 @@ record as it arrives, and prints, per worker: the span from its first tile's sta
 its last tile's end, the device-busy time inside it, the time with no tile running at
 all (between tasks: Dask's hand-over), and the time inside tasks but off the kernel
 (inputs, checks, copies back). With two tiles per device at once, "no tile running"
-counts only the time when neither runs.
+counts only the time when neither runs. Where tiles mark their steps (``TileRecord.marks``:
+inputs made, products queued, checked, written), it prints the median time from a tile's
+start to each step, and from each step to the next.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -60,8 +63,19 @@ def summarise(records: list[TileRecord]) -> dict[str, dict[str, Any]]:
             "idle_between_s": idle_between([(r.start, r.stop) for r in recs]),
             "in_task_off_kernel_s": in_task - busy,
             "tile_s": sorted((round(r.stop - r.start, 4), round(r.busy_s, 4)) for r in recs),
+            "steps_s": step_medians(recs),
         }
     return out
+
+
+def step_medians(records: list[TileRecord]) -> dict[str, float]:
+    """Median seconds from each marked step (and the tile's start) to the next, ending at stop."""
+    steps: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        marks = [("start", r.start), *r.marks.items(), ("stop", r.stop)]
+        for (a, ta), (b, tb) in zip(marks, marks[1:]):
+            steps[f"{a}->{b}"].append(tb - ta)
+    return {step: statistics.median(values) for step, values in steps.items()}
 
 
 @click.command()
@@ -77,6 +91,8 @@ def main(job_file: Path, sets: tuple[str, ...], json_path: Path | None) -> None:
     for worker, s in summary.items():
         print(f"  {worker}: {s['tiles']} tiles, span {s['span_s']:.3f} s, busy {s['busy_s']:.3f} s, "
               f"no tile running {s['idle_between_s']:.3f} s, in tasks off the kernel {s['in_task_off_kernel_s']:.3f} s")
+        if s["steps_s"]:
+            print("    median " + ", ".join(f"{step} {sec * 1e3:.1f} ms" for step, sec in s["steps_s"].items()))
     if json_path:
         records = [{k: v for k, v in vars(r).items() if k != "extra"} for r in keep.records]
         json_path.write_text(json.dumps({"summary": summary, "records": records,

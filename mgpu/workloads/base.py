@@ -43,6 +43,9 @@ class TileRecord:
     verify_error: float | None = None
     verify_ok: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Worker wall clock as the tile passed its steps ("checked", "written", ...), in order:
+    # where a tile's time goes between start and stop (benchmarks/timeline.py prints them).
+    marks: dict[str, float] = field(default_factory=dict)
 
 
 def injected_fault(kind: str, tile: Tile) -> bool:

@@ -144,14 +144,18 @@ class Mandelbrot(Workload):
             xd, yd = dev.to_device(x), dev.to_device(y)
             with dev.in_order() as queue, dev.timer(queue) as t:
                 counts = mandelbrot_counts(dev.xp, xd, yd, p.max_iter)
+            record.marks["queued"] = time.time()
             record.work = float(counts.sum(dtype=np.int64))
+            record.marks["counted"] = time.time()  # the band's kernel and its sum have run
             if injected_fault(self.name, tile):
                 counts[0, 0] += 1
             if self.verify:  # the sampled counts; judge() sets them against the reference
                 rows, cols = _sample(tile, p.width)
                 record.extra["sample"] = dev.to_host(counts[[r - r0 for r in rows]][:, cols])
+                record.marks["sampled"] = time.time()
             if "counts" in self.sinks:
                 self.sinks["counts"].write((slice(r0, r1), slice(None)), dev.to_host(counts))
+                record.marks["written"] = time.time()
             dev.synchronize()
         record.busy_s, record.stop = t.seconds, time.time()
         return record

@@ -266,6 +266,7 @@ class Matmul(Workload):
             b = src_b.read(dev, (0, p.k), (c0, c1))
         r = RandomSource(p.seed, 2, (p.n,), "float64").read(dev, (c0, c1)) if self.verify else None
         moved, moved_s = 0, 0.0
+        marks = {"inputs": time.time()}
         with dev.on_stream(), _tf32(dev, p.precision == "tf32"):
             if b is not None:
                 with dev.timer() as t:
@@ -274,17 +275,20 @@ class Matmul(Workload):
                 br = matvec_f64(xp, b, r) if r is not None else None
             else:
                 c, busy, br, moved, moved_s = self._gemm_from_peer(dev, a, ref_b, peer, r)
+            marks["queued"] = time.time()
             if injected_fault(self.name, tile):
                 c[0, 0] += 1
             error = ok = None
             if r is not None:
                 error = relative_residual(xp, matvec_f64(xp, c, r), matvec_f64(xp, a, br))
                 ok = error <= self.tolerance()
+                marks["checked"] = time.time()  # the product and its check have run
             if "c" in self.sinks:
                 self.sinks["c"].write((slice(r0, r1), slice(c0, c1)), c, dev)
+                marks["written"] = time.time()
             dev.synchronize()
         record = self.new_record(dev, tile, start, busy_s=busy, work=2.0 * (r1 - r0) * (c1 - c0) * p.k,
-                                 verify_error=error, verify_ok=ok)
+                                 verify_error=error, verify_ok=ok, marks=marks)
         record.bytes_d2d, record.d2d_s = moved, moved_s
         return record
 
@@ -349,6 +353,7 @@ class Matmul(Workload):
             abr = xp.zeros(r1 - r0, dtype=xp.float64)
         busy = 0.0
         c = None
+        marks: dict[str, float] = {}
         with dev.on_stream(), _tf32(dev, p.precision == "tf32"):
             for k0, k1 in split_by_size(p.k, self.tk):
                 a = src_a.read(dev, (r0, r1), (k0, k1))
@@ -359,18 +364,21 @@ class Matmul(Workload):
                 if check:
                     abr += matvec_f64(xp, a, matvec_f64(xp, b, r))
                 del a, b
+            marks["queued"] = time.time()  # every block made or read, every product enqueued
             if injected_fault(self.name, tile):
                 c[0, 0] += 1
             error = ok = None
             if check:
                 error = relative_residual(xp, matvec_f64(xp, c, r), abr)
                 ok = error <= self.tolerance()
+                marks["checked"] = time.time()
             if "c" in self.sinks:
                 self.sinks["c"].write((slice(r0, r1), slice(c0, c1)), c, dev)
+                marks["written"] = time.time()
             dev.synchronize()
         return self.new_record(
             dev, tile, start, busy_s=busy, work=2.0 * (r1 - r0) * (c1 - c0) * p.k,
-            verify_error=error, verify_ok=ok,
+            verify_error=error, verify_ok=ok, marks=marks,
         )
 
     def ceiling(self) -> str:
