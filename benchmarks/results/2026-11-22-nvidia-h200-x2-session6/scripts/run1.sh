@@ -4,7 +4,7 @@ nvidia-smi topo -m > $R/topo.txt 2>&1; lscpu > $R/lscpu.txt 2>&1; free -g > $R/f
 timeout 120 python3 -m pytest -m gpu -q tests/test_gpu.py -k "stag or file or npy" > $R/gpu-tests.log 2>&1
 tail -3 $R/gpu-tests.log
 # Host routes: one process, then two at once (one per GPU, as two workers).
-timeout 150 python3 benchmarks/host_io.py /dev/shm/hio --gib 4 --json $R/host-io-1proc.json > $R/host-io-1proc.txt 2>&1
+timeout 150 python3 benchmarks/host_io.py /dev/shm/hio --gib 2 --json $R/host-io-1proc.json > $R/host-io-1proc.txt 2>&1
 grep -h "pwrite\|new_mmap\|registered_pieces\|memcpy\|readinto_pinned_16\|fresh_mmap_to_pinned_16" $R/host-io-1proc.txt
 (CUDA_VISIBLE_DEVICES=0 timeout 150 python3 benchmarks/host_io.py /dev/shm/hio0 --gib 2 --json $R/host-io-2proc-0.json > $R/host-io-2proc-0.txt 2>&1 &
  CUDA_VISIBLE_DEVICES=1 timeout 150 python3 benchmarks/host_io.py /dev/shm/hio1 --gib 2 --json $R/host-io-2proc-1.json > $R/host-io-2proc-1.txt 2>&1; wait)
