@@ -173,10 +173,8 @@ class NpySink:
     def write(self, index: tuple[slice, ...], block: Any, dev: Device | None = None) -> None:
         """Write ``block`` (on ``dev``, or a host array) at ``index`` of the file.
 
-        Through the page cache, which holds the bytes for every process at once; nothing is
-        synced to disk here (the rename on success publishes the file). A GPU writes with
-        ``pwrite`` from its pinned buffers (``mgpu.transfer.write``), else through the
-        file's memory map.
+        Through the shared memory map, the page cache holds the bytes for every process at
+        once; nothing is synced to disk here (the rename on success publishes the file).
         """
         try:
             mm = np.load(self.partial, mmap_mode="r+")
@@ -186,10 +184,6 @@ class NpySink:
             return
         if dev is None:
             mm[index] = block
-        elif dev.is_gpu and transfer.write_method() == "pwrite" and mm.flags.c_contiguous:
-            padded = index + (slice(None),) * (mm.ndim - len(index))
-            rows, *cols = (_bounds(s, n) for s, n in zip(padded, mm.shape))
-            transfer.store(dev, transfer.FileBlock(self.partial, mm.offset, mm.shape, mm.dtype, rows, *cols), block)
         else:
             transfer.store(dev, mm[index], block)
         del mm
@@ -206,11 +200,3 @@ class NpySink:
             os.unlink(self.partial)
         except FileNotFoundError:
             pass
-
-
-def _bounds(index: slice, size: int) -> tuple[int, int]:
-    """``index``'s (start, stop) in an axis of ``size`` (a step other than 1 is refused)."""
-    start, stop, step = index.indices(size)
-    if step != 1:
-        raise ValueError(f"a sink is written in contiguous blocks, not with step {step}")
-    return start, stop

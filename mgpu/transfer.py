@@ -12,10 +12,8 @@ a slice of one chunk, then all waiting for the DMA) a worker moved 12 GB/s, wher
 same threads copying on their own move 35-55.
 
 A block of an ``.npy`` file may also be given as a :class:`FileBlock`: each thread then
-reads its chunk from the file with ``pread`` straight into its buffer, or writes it from
-its buffer with ``pwrite``, with no memory map and no page faults (``mgpu.transfer.read``,
-``mgpu.transfer.write``). Writing a new file through a map faults in each page and zeroes
-it before the copy overwrites it: 4.2-4.5 GB/s with 8-16 threads on an H200 host.
+reads its chunk from the file with ``pread`` straight into its buffer, with no memory map
+and no page faults (``mgpu.transfer.read``).
 
 Work enqueued on the task's stream after :meth:`Stager.load` returns sees the data. On
 CPU workers there is nothing to stage: the copies are plain NumPy.
@@ -32,12 +30,11 @@ from typing import Any, Callable
 import dask.config
 import numpy as np
 
-__all__ = ["FileBlock", "Stager", "load", "ready_buffers", "read_method", "store", "write_method"]
+__all__ = ["FileBlock", "Stager", "load", "ready_buffers", "read_method", "store"]
 
 CHUNK_BYTES = 16 << 20  # per DMA: long enough to run at the full PCIe rate (~0.3 ms)
 BUFFERS = 2  # per host thread: one being filled while the other's DMA runs
 READ_METHODS = ("pread", "mmap")
-WRITE_METHODS = ("pwrite", "mmap")
 _PARALLEL_BYTES = 4 << 20  # below this a chunk is copied by the task's own thread
 
 _POOL: ThreadPoolExecutor | None = None
@@ -67,26 +64,9 @@ def read_method() -> str:
     ValueError
         If the key holds anything else.
     """
-    return _method("read", READ_METHODS)
-
-
-def write_method() -> str:
-    """How GPU workers write ``.npy`` outputs (``mgpu.transfer.write``): ``"pwrite"`` (the
-    default), from the pinned buffers straight into the file, or ``"mmap"``, copied into a
-    memory map of the file.
-
-    Raises
-    ------
-    ValueError
-        If the key holds anything else.
-    """
-    return _method("write", WRITE_METHODS)
-
-
-def _method(key: str, allowed: tuple[str, ...]) -> str:
-    value = dask.config.get(f"mgpu.transfer.{key}", default=allowed[0])
-    if value not in allowed:
-        raise ValueError(f"mgpu.transfer.{key}: {value!r} is not one of {', '.join(allowed)}")
+    value = dask.config.get("mgpu.transfer.read", default="pread")
+    if value not in READ_METHODS:
+        raise ValueError(f"mgpu.transfer.read: {value!r} is not one of {', '.join(READ_METHODS)}")
     return value
 
 
@@ -115,8 +95,7 @@ def host_copy(dst: np.ndarray, src: np.ndarray) -> None:
 @dataclass(frozen=True)
 class FileBlock:
     """Block ``[rows, cols]`` of a C-ordered array whose data starts at byte ``offset`` of
-    the file ``path`` (an ``.npy``'s), for :meth:`Stager.load` to read with ``pread`` or
-    :meth:`Stager.store` to write with ``pwrite``.
+    the file ``path`` (an ``.npy``'s), for :meth:`Stager.load` to read with ``pread``.
 
     For a 1-D array ``rows`` is the element range; ``cols`` None means every column.
     """
@@ -151,26 +130,17 @@ class FileBlock:
     def fill(self, buf: np.ndarray, fd: int) -> None:
         """Fill ``buf`` (C-contiguous, of the block's shape) from ``fd``, the open file: one
         read for rows that are contiguous in the file, else one read per row."""
-        for view, offset in self._pieces(buf):
-            _pread_exactly(fd, view, offset, self.path)
-
-    def write(self, buf: np.ndarray, fd: int) -> None:
-        """Write ``buf`` (C-contiguous, of the block's shape) to its place in ``fd``, the
-        open file: one write for rows that are contiguous in the file, else one per row."""
-        for view, offset in self._pieces(buf):
-            _pwrite_exactly(fd, view, offset, self.path)
-
-    def _pieces(self, buf: np.ndarray) -> list[tuple[memoryview, int]]:
-        """``buf``'s bytes cut into runs contiguous in the file, each with its file offset."""
         width = self.file_shape[1] if self.ndim == 2 else 1
         c0, c1 = self.cols or (0, width)
         itemsize = self.dtype.itemsize
         start = self.offset + (self.rows[0] * width + c0) * itemsize
-        flat = memoryview(buf.reshape(-1).view(np.uint8))
+        out = memoryview(buf.reshape(-1).view(np.uint8))
         if c1 - c0 == width:
-            return [(flat, start)]
+            _pread_exactly(fd, out, start, self.path)
+            return
         n = (c1 - c0) * itemsize
-        return [(flat[i * n:(i + 1) * n], start + i * width * itemsize) for i in range(self.rows[1] - self.rows[0])]
+        for i in range(self.rows[1] - self.rows[0]):
+            _pread_exactly(fd, out[i * n:(i + 1) * n], start + i * width * itemsize, self.path)
 
 
 def _pread_exactly(fd: int, out: memoryview, offset: int, path: str) -> None:
@@ -182,17 +152,6 @@ def _pread_exactly(fd: int, out: memoryview, offset: int, path: str) -> None:
         if n == 0:
             raise EOFError(f"{path} is truncated: it ends at byte {offset + done}, short of the data "
                            "its header describes")
-        done += n
-
-
-def _pwrite_exactly(fd: int, data: memoryview, offset: int, path: str) -> None:
-    """Write all of ``data`` to ``fd`` at ``offset``; like a read, a write may take fewer
-    bytes than given."""
-    done = 0
-    while done < len(data):
-        n = os.pwritev(fd, [data[done:]], offset + done)
-        if n == 0:
-            raise OSError(f"{path}: no byte written at {offset + done}")
         done += n
 
 
@@ -312,32 +271,20 @@ class Stager:
             if fd is not None:
                 os.close(fd)
 
-    def store(self, dst: np.ndarray | FileBlock, src: Any, stream: Any = None) -> int:
-        """Copy device ``src`` (C-contiguous) into host ``dst`` (any strides, same shape; or a
-        :class:`FileBlock` to write with ``pwrite``).
+    def store(self, dst: np.ndarray, src: Any, stream: Any = None) -> int:
+        """Copy device ``src`` (C-contiguous) into host ``dst`` (any strides, same shape).
 
         Waits until every byte has landed in ``dst``. Each host thread enqueues its
         chunk's DMA, waits for it and copies the chunk out while the others' DMAs run.
         Returns the bytes copied.
         """
-        if isinstance(dst, FileBlock) and dst.dtype != np.dtype(src.dtype):
-            raise ValueError(f"store: {dst.path} holds {dst.dtype}, the device array is {src.dtype}")
-        fd = os.open(dst.path, os.O_WRONLY) if isinstance(dst, FileBlock) else None
-
-        def move(buf: np.ndarray, rows: Any, ptr: int, stream: Any) -> tuple[Any, Any]:
+        def move(buf: np.ndarray, rows: np.ndarray, ptr: int, stream: Any) -> tuple[Any, Any]:
             begin, end = _dma("d2h", buf.ctypes.data, ptr, buf.nbytes, stream)
             end.synchronize()
-            if fd is None:
-                np.copyto(rows, buf)
-            else:
-                rows.write(buf, fd)
+            np.copyto(rows, buf)
             return begin, end
 
-        try:
-            return self._each_chunk("d2h", dst, src, stream, move)
-        finally:
-            if fd is not None:
-                os.close(fd)
+        return self._each_chunk("d2h", dst, src, stream, move)
 
     def _each_chunk(self, kind: str, host: Any, on_device: Any, stream: Any,
                     move: Callable[[np.ndarray, Any, int, Any], tuple[Any, Any]]) -> int:
@@ -402,9 +349,8 @@ def load(dev: Any, src: np.ndarray | FileBlock, out: Any = None) -> Any:
     return out
 
 
-def store(dev: Any, dst: np.ndarray | FileBlock, src: Any) -> None:
-    """``dst[...] = src`` from ``dev`` into host ``dst`` (an ``.npy`` memory map, say; or, on
-    a GPU, a :class:`FileBlock`)."""
+def store(dev: Any, dst: np.ndarray, src: Any) -> None:
+    """``dst[...] = src`` from ``dev`` into host ``dst`` (an ``.npy`` memory map, say)."""
     if not dev.is_gpu:
         host_copy(_rows(dst), _rows(np.asarray(src)))
         return

@@ -446,26 +446,6 @@ def test_staged_copies_round_trip_strided_blocks_through_a_small_ring():
     assert seconds["h2d"] > 0 and seconds["d2h"] > 0
 
 
-def test_staged_stores_write_a_column_block_into_a_new_file_by_pwrite(tmp_path):
-    from mgpu import transfer
-    from mgpu.device import Device, DeviceFacts
-
-    dev = Device("cuda", cupy, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"),
-                 new_stream=lambda: cupy.cuda.Stream(non_blocking=True))
-    path = tmp_path / "c.npy"
-    mm = np.lib.format.open_memmap(str(path), mode="w+", dtype=np.float32, shape=(1500, 700))  # sparse, as a sink
-    block = transfer.FileBlock(str(path), mm.offset, mm.shape, mm.dtype, (100, 1400), (50, 650))
-    del mm
-    want = np.random.default_rng(2).standard_normal(block.shape).astype(np.float32)
-    with dev.on_stream():
-        src = cupy.asarray(want)
-    transfer.Stager(dev, chunk_bytes=64 << 10).store(block, src)
-    back = np.load(path)
-    np.testing.assert_array_equal(back[100:1400, 50:650], want)
-    assert not back[:100].any() and not back[:, :50].any() and not back[:, 650:].any()
-    assert dev.bytes_d2h == want.nbytes and dev.copy_seconds()["d2h"] > 0
-
-
 @multi_gpu(2)
 def test_distributed_matmul_from_files_writes_the_product_and_counts_pcie(tmp_path):
     m, k, n = 3000, 2500, 2100
