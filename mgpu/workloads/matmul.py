@@ -269,8 +269,11 @@ class Matmul(Workload):
         marks = {"inputs": time.time()}
         with dev.on_stream(), _tf32(dev, p.precision == "tf32"):
             if b is not None:
-                with dev.timer() as t:
-                    c = xp.matmul(a, b)
+                c = xp.empty((r1 - r0, c1 - c0), dtype=p.dtype)
+                # In order with the other tile on this device (see concurrency): products
+                # run one at a time, so one tile's C is written while the next multiplies.
+                with dev.in_order() as queue, dev.timer(queue) as t:
+                    xp.matmul(a, b, out=c)
                 busy = t.seconds
                 br = matvec_f64(xp, b, r) if r is not None else None
             else:
@@ -296,13 +299,14 @@ class Matmul(Workload):
         """``a @ B`` with B on a peer GPU, copied in row blocks on the copy stream.
 
         Two receive buffers: block i+1 crosses NVLink while block i is multiplied; events
-        order the streams (a copy waits until its buffer's previous block was used).
-        Returns (c, gemm seconds, B·r or None, bytes copied, copy seconds).
+        order the streams (a copy waits until its buffer's previous block was used). The
+        products go on the device's in-order queue, after those of tiles that got there
+        first. Returns (c, gemm seconds, B·r or None, bytes copied, copy seconds).
         """
         import cupy
 
         k, tn = ref.shape
-        compute, copy = dev.stream, dev.copy_stream
+        copy = dev.copy_stream
         blocks = split_by_size(k, self.tk)
         bufs = [cupy.empty((self.tk, tn), dtype=ref.dtype) for _ in range(2)]
         used: list[Any] = [None, None]
@@ -322,20 +326,21 @@ class Matmul(Workload):
                 copies.append((begin, end))
                 return end
 
-            arrived = enqueue(0)
-            for i, (k0, k1) in enumerate(blocks):
-                following = enqueue(i + 1) if i + 1 < len(blocks) else None
-                compute.wait_event(arrived)
-                block = bufs[i % 2][: k1 - k0]
-                a_block = cupy.ascontiguousarray(a[:, k0:k1])
-                with dev.timer() as t:
-                    c = _gemm_accumulate(cupy, a_block, block, c)
-                timers.append(t)
-                if br is not None:
-                    br[k0:k1] = matvec_f64(cupy, block, r)
-                used[i % 2] = compute.record()
-                arrived = following
-            compute.synchronize()  # every read of the peer's memory is done before closing it
+            with dev.in_order() as compute:
+                arrived = enqueue(0)
+                for i, (k0, k1) in enumerate(blocks):
+                    following = enqueue(i + 1) if i + 1 < len(blocks) else None
+                    compute.wait_event(arrived)
+                    block = bufs[i % 2][: k1 - k0]
+                    a_block = cupy.ascontiguousarray(a[:, k0:k1])
+                    with dev.timer(compute) as t:
+                        c = _gemm_accumulate(cupy, a_block, block, c)
+                    timers.append(t)
+                    if br is not None:
+                        br[k0:k1] = matvec_f64(cupy, block, r)
+                    used[i % 2] = compute.record()
+                    arrived = following
+            dev.stream.synchronize()  # every read of the peer's memory is done before closing it
         moved_s = sum(cupy.cuda.get_elapsed_time(b, e) for b, e in copies) / 1e3
         return c, sum(t.seconds for t in timers), br, moved, moved_s
 
