@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from distributed.diagnostics.plugin import SchedulerPlugin
 
 from conftest import submit_json, write_job
 from mgpu import transfer
@@ -105,11 +106,23 @@ def test_distributed_plan_with_an_output_overlaps_writes(monkeypatch, tmp_path):
     plan = wl.plan(facts, 1 << 30, {})
     # Each (A_i, B_j) tile of 200 x 50 float64 is cut into pieces of at most 100 x 50.
     assert len(plan.tiles) == 2 * 2 * 2
-    for t in plan.tiles:
-        lo, hi = t.bounds["a_rows"]
-        assert lo <= t.bounds["m"][0] < t.bounds["m"][1] <= hi and t.size("m") == 100
+    assert all(t.size("m") == 100 for t in plan.tiles)
     assert sorted((t.bounds["m"], t.bounds["n"]) for t in plan.tiles) == sorted(
         {(t.bounds["m"], t.bounds["n"]) for t in plan.tiles})
+    # A_i is made in those row pieces, a panel each, on worker i: every row once. B_j is whole.
+    assert [(p.name, p.worker, p.bounds) for p in plan.panels] == [
+        ("a0.0", "w0", {"m": (0, 100)}), ("a0.1", "w0", {"m": (100, 200)}),
+        ("a1.0", "w1", {"m": (200, 300)}), ("a1.1", "w1", {"m": (300, 400)}),
+        ("b0", "w0", {"n": (0, 50)}), ("b1", "w1", {"n": (50, 100)})]
+    panels = {p.name: p for p in plan.panels}
+    for t in plan.tiles:
+        # Each tile reads its own piece of A, all of it (a_rows are the piece's rows).
+        a, b = (panels[name] for name in t.needs)
+        assert a.operand == "a" and a.worker == t.worker
+        assert a.bounds["m"] == t.bounds["m"] == t.bounds["a_rows"] and b.bounds["n"] == t.bounds["n"]
+    # Worker 0's row: its own B panel's tiles first, each piece of A in turn.
+    assert [t.needs for t in plan.tiles if t.worker == "w0"] == [
+        ("a0.0", "b0"), ("a0.1", "b0"), ("a0.0", "b1"), ("a0.1", "b1")]
     assert Matmul(MatmulParams(m=400, n=100, k=64, operands="distributed")).concurrency == 1
 
 
@@ -144,19 +157,68 @@ def _files(tmp_path: Path, m: int, k: int, n: int) -> tuple[np.ndarray, np.ndarr
     return a, b, {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")}
 
 
-def test_distributed_matmul_from_files_to_a_file(monkeypatch, tmp_path, scheduler):
+def _note_npy_reads(dask_worker: Any) -> None:
+    """From now on note every block this worker reads from an .npy file: (file name, rows, cols)."""
+    block = NpySource._block
+    reads = dask_worker.npy_reads = []
+
+    def noted(self: NpySource, dev: Any, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> Any:
+        reads.append((Path(self.info.path).name, rows, cols))
+        return block(self, dev, rows, cols)
+
+    NpySource._block = noted
+
+
+class _Priorities(SchedulerPlugin):
+    """The priority each task was given (``client.submit(priority=...)``), by key."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.given: dict[str, int] = {}
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        if finish == "processing":
+            self.given[key] = -self.scheduler.tasks[key].priority[0]
+
+
+def test_distributed_matmul_from_files_to_a_file(monkeypatch, tmp_path):
+    from distributed import Client
+
+    from conftest import start_local_cluster
     from mgpu.workloads import matmul
 
-    monkeypatch.setattr(matmul, "_WRITE_TILE_BYTES", 20 * 30 * 8)  # several pieces per panel pair
-    a, b, files = _files(tmp_path, 61, 47, 58)
+    monkeypatch.setattr(matmul, "_WRITE_TILE_BYTES", 20 * 30 * 8)  # two row pieces per panel pair
+    m, k, n = 61, 47, 58
+    a, b, files = _files(tmp_path, m, k, n)
     out = tmp_path / "c.npy"
     doc = {"workload": "matmul", "params": {"input": files, "output": str(out), "operands": "distributed"}}
-    res, data = submit_json(write_job(tmp_path / "job.yaml", doc), tmp_path / "r.json", "--scheduler", scheduler)
+    cluster = start_local_cluster()
+    try:
+        priorities = _Priorities(cluster.scheduler)
+        cluster.scheduler.add_plugin(priorities)
+        with Client(cluster) as client:
+            client.run(_note_npy_reads)
+            res, data = submit_json(write_job(tmp_path / "job.yaml", doc), tmp_path / "r.json",
+                                    "--scheduler", cluster.scheduler_address)
+            reads = client.run(lambda dask_worker: dask_worker.npy_reads)
+    finally:
+        cluster.close()
     assert res.code == 0, res.output
-    assert data["verify"]["passed"] is True and data["plan"]["tiles"] > 4
+    assert data["verify"]["passed"] is True and data["plan"]["tiles"] == 8
     assert np.allclose(np.load(out), a @ b, rtol=1e-12, atol=1e-12)
     pcie = data["pcie"]
-    assert pcie["minimum_bytes"] == 8 * (61 * 47 + 47 * 58 + 61 * 58)
+    assert pcie["minimum_bytes"] == 8 * (m * k + k * n + m * n)
+    # Each worker read its rows of A in two pieces, all of k each: every row of A once, as the
+    # minimum counts it. (CPU workers count no PCIe bytes, and read B again for each tile.)
+    assert sorted(sorted((rows, cols) for name, rows, cols in r if name == "a.npy") for r in reads.values()) == [
+        [((0, 15), (0, k)), ((15, 30), (0, k))], [((30, 45), (0, k)), ((45, 61), (0, k))]]
+    # The panels went in with minus the index of the first tile that reads them (B_1: worker
+    # 0's third), the tiles with minus their own: each worker makes its first tile's panels
+    # first, then its next piece of A, and runs its tiles in plan order.
+    given = {key.split("-")[2]: p for key, p in priorities.given.items() if key.startswith("matmul-panel-")}
+    assert given == {"a0.0": 0, "b0": 0, "a0.1": -1, "a1.0": -4, "b1": -2, "a1.1": -5}
+    tiles = {int(key.split("-")[2]): p for key, p in priorities.given.items() if key.startswith("matmul-tile-")}
+    assert tiles == {i: -i for i in range(8)}
     # The panels' records join the workers' rows (their spans, their bytes), not their tile counts.
     assert sum(d["tiles"] for d in data["per_device"]) == data["plan"]["tiles"]
 

@@ -349,7 +349,7 @@ def test_distributed_plan_places_tiles_with_their_panels():
     wl = Matmul(MatmulParams(m=30, n=31, k=1000, operands="distributed"))
     plan = wl.plan(facts, 1 << 30, {})
     assert [(p.name, p.worker) for p in plan.panels] == [
-        ("a0", "w0"), ("a1", "w1"), ("a2", "w2"), ("b0", "w0"), ("b1", "w1"), ("b2", "w2")]
+        ("a0.0", "w0"), ("a1.0", "w1"), ("a2.0", "w2"), ("b0", "w0"), ("b1", "w1"), ("b2", "w2")]
     panels = {p.name: p for p in plan.panels}
     assert len(plan.tiles) == 9
     for w in facts:
@@ -362,6 +362,33 @@ def test_distributed_plan_places_tiles_with_their_panels():
             assert a.worker == w and t.bounds["m"] == a.bounds["m"] and t.bounds["n"] == b.bounds["n"]
     covered = sorted((t.bounds["m"], t.bounds["n"]) for t in plan.tiles)
     assert len(set(covered)) == 9
+
+
+def test_panel_priorities_put_each_workers_first_tile_first(monkeypatch, tmp_path):
+    from mgpu.runner import panel_priorities
+    from mgpu.workloads import matmul
+
+    monkeypatch.setattr(matmul, "_WRITE_TILE_BYTES", 10 * 31 * 8)  # three row pieces per panel pair
+    facts = {f"w{i}": DeviceFacts("cpu", i, "cpu", 1 << 30, 1 << 30, "h") for i in range(3)}
+    wl = matmul.Matmul(matmul.MatmulParams(m=90, n=93, k=50, dtype="float64", operands="distributed",
+                                           output=str(tmp_path / "c.npy")))
+    plan = wl.plan(facts, 1 << 30, {})
+    priority = panel_priorities(plan)
+    assert set(priority) == {p.name for p in plan.panels}
+    for i, w in enumerate(facts):
+        mine = [t for t in plan.tiles if t.worker == w]
+        # Dask runs a worker's ready tasks highest priority first: the first tile's A piece
+        # and B panel, then the A pieces in the order its tiles read them.
+        here = [p.name for p in plan.panels if p.worker == w]
+        order = sorted(here, key=lambda name: -priority[name])
+        assert set(order[:2]) == set(mine[0].needs) == {f"a{i}.0", f"b{i}"}
+        assert order[2:] == [f"a{i}.1", f"a{i}.2"]
+        # A tile (priority minus its index) goes after the panels it reads and before the
+        # panels made here that only later tiles read.
+        for n, t in enumerate(mine):
+            read_so_far = {name for u in mine[: n + 1] for name in u.needs}
+            assert all(priority[name] >= -t.index for name in t.needs)
+            assert all(priority[name] < -t.index for name in here if name not in read_so_far)
 
 
 def test_distributed_operands_that_cannot_fit_exit_2(tmp_path, scheduler):

@@ -188,12 +188,14 @@ class Matmul(Workload):
 
     def _plan_distributed(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *,
                           spill: bool) -> Plan:
-        """One A row panel and one B column panel per device; tile (i, j) runs where A_i is.
+        """A_i (rows of A) and B_i (columns of B) are panels on device i; tile (i, j) runs there.
 
         Each device computes its own row of tiles, its own B panel's tile first, so the
         copies of the other panels overlap that first product. With an output file the
         tiles are cut into row pieces of about ``_WRITE_TILE_BYTES`` of C, two at once per
-        device (see ``concurrency``), so writing one overlaps computing the next.
+        device (see ``concurrency``), so writing one overlaps computing the next; A_i is
+        made in the same row pieces, a panel each, so a tile waits for its own rows of A
+        only, not for all of A_i.
         ``budget`` is per tile task; the device holds its panels once and ``concurrency``
         tiles.
         """
@@ -222,16 +224,17 @@ class Matmul(Workload):
             )
         self.tk = kb
         self.tile_shape = (tms, tn, kb)
-        made = [Panel(f"a{i}", "a", {"m": rows[i]}, workers[i]) for i in range(w)]
+        a_pieces = [[(rows[i][0] + lo, rows[i][0] + hi) for lo, hi in split(rows[i][1] - rows[i][0], pieces)]
+                    for i in range(w)]
+        made = [Panel(f"a{i}.{q}", "a", {"m": r}, workers[i]) for i in range(w) for q, r in enumerate(a_pieces[i])]
         made += [Panel(f"b{j}", "b", {"n": cols[j]}, workers[j]) for j in range(w)]
         tiles = []
         for i in range(w):
             for step in range(w):
                 j = (i + step) % w
-                for piece in split(rows[i][1] - rows[i][0], pieces):
-                    r = (rows[i][0] + piece[0], rows[i][0] + piece[1])
-                    tiles.append(Tile(len(tiles), {"m": r, "n": cols[j], "a_rows": rows[i]}, workers[i],
-                                      needs=(f"a{i}", f"b{j}")))
+                for q, r in enumerate(a_pieces[i]):
+                    tiles.append(Tile(len(tiles), {"m": r, "n": cols[j], "a_rows": r}, workers[i],
+                                      needs=(f"a{i}.{q}", f"b{j}")))
         return Plan(tiles, "static", {"m": tms, "n": tn, "k": p.k}, need, budget * self.concurrency,
                     panels=made, notes={"operands": "distributed"})
 
