@@ -75,7 +75,8 @@ def _counter(dev: _device.Device) -> Callable[[TileRecord], None]:
     return fill
 
 
-def _make_panel(workload: Workload, panel: Panel, token: str) -> PanelRef:
+def _make_panel(workload: Workload, panel: Panel, token: str, after: PanelRef | None = None) -> PanelRef:
+    """Make ``panel`` on this worker; ``after``, the worker's panel before it, only orders them."""
     dev = _device.current()
     start = time.time()
     fill = _counter(dev)
@@ -143,17 +144,19 @@ def run_plan(
     token = uuid.uuid4().hex[:6]
     prefix = f"{workload.name}-tile"
     # Loosely placed like the warm-up: a panel whose worker is lost is made again elsewhere.
-    # A worker runs its ready tasks highest priority first (tasks submitted within 100 ms
-    # otherwise tie): what its first tile reads first, a tile that can start before panels
-    # of later tiles, tiles in plan order. Submitted in that order too: an idle worker
-    # starts whatever arrives first.
+    # Dask gives tasks submitted within 100 ms one priority, and a worker runs those in the
+    # order they become ready: the priorities make it run its tiles in plan order, each as
+    # soon as its panels are there. The panels take no tile slot and go one after another on
+    # their worker (each depends on the one before), in the order the tiles read them: the
+    # next tiles' panels are read while the first tiles multiply, and each read has the
+    # worker's host threads to itself.
     priorities = panel_priorities(plan)
-    panel_futures = {
-        p.name: client.submit(_make_panel, workload, p, token, key=f"{workload.name}-panel-{p.name}-{token}",
-                              workers=[p.worker], allow_other_workers=True, pure=False, resources=resources,
-                              priority=priorities[p.name])
-        for p in sorted(plan.panels, key=lambda p: -priorities[p.name])
-    }
+    panel_futures: dict[str, Any] = {}
+    last_on: dict[str, Any] = {}
+    for p in sorted(plan.panels, key=lambda p: -priorities[p.name]):
+        panel_futures[p.name] = last_on[p.worker] = client.submit(
+            _make_panel, workload, p, token, last_on.get(p.worker), key=f"{workload.name}-panel-{p.name}-{token}",
+            workers=[p.worker], allow_other_workers=True, pure=False, priority=priorities[p.name])
 
     def submit(tile: Tile, worker: str | None, attempt: int) -> Any:
         again = f"-r{attempt}" if attempt else ""

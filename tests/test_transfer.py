@@ -175,10 +175,15 @@ class _Priorities(SchedulerPlugin):
     def __init__(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         self.given: dict[str, int] = {}
+        self.after: dict[str, list[str]] = {}  # the keys it depends on
+        self.resources: dict[str, Any] = {}
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         if finish == "processing":
-            self.given[key] = -self.scheduler.tasks[key].priority[0]
+            task = self.scheduler.tasks[key]
+            self.given[key] = -task.priority[0]
+            self.after[key] = sorted(d.key for d in task.dependencies)
+            self.resources[key] = task.resource_restrictions
 
 
 def test_distributed_matmul_from_files_to_a_file(monkeypatch, tmp_path):
@@ -219,6 +224,11 @@ def test_distributed_matmul_from_files_to_a_file(monkeypatch, tmp_path):
     assert given == {"a0.0": 0, "b0": 0, "a0.1": -1, "a1.0": -4, "b1": -2, "a1.1": -5}
     tiles = {int(key.split("-")[2]): p for key, p in priorities.given.items() if key.startswith("matmul-tile-")}
     assert tiles == {i: -i for i in range(8)}
+    # On each worker the panels go one after another in that order, and take no tile slot.
+    after = {key.split("-")[2]: [d.split("-")[2] for d in deps] for key, deps in priorities.after.items()
+             if key.startswith("matmul-panel-")}
+    assert after == {"a0.0": [], "b0": ["a0.0"], "a0.1": ["b0"], "b1": [], "a1.0": ["b1"], "a1.1": ["a1.0"]}
+    assert all(not priorities.resources[key] for key in priorities.resources if key.startswith("matmul-panel-"))
     # The panels' records join the workers' rows (their spans, their bytes), not their tile counts.
     assert sum(d["tiles"] for d in data["per_device"]) == data["plan"]["tiles"]
 
