@@ -9,7 +9,10 @@ access, or CPU workers) the tile makes its own copy from the operand's source in
 inputs are deterministic, so that copy is the same data.
 
 Panels live in plain ``cudaMalloc`` memory, outside the RMM pool: IPC handles name a
-whole allocation, which a pool's sub-allocations are not.
+whole allocation, which a pool's sub-allocations are not. A peer's panel is opened once
+per job and process and kept open until every tile has ended (:func:`close_remotes`):
+closing a mapping waits for the whole device, so a tile closing it would wait for the
+product of the tile beside it.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PanelRef", "RemotePanel", "copy_rows", "enable_all_peers", "enable_peer_access", "peer_ordinal",
-           "publish", "release", "resident"]
+__all__ = ["PanelRef", "RemotePanel", "close_remotes", "copy_rows", "enable_all_peers", "enable_peer_access",
+           "open_remote", "peer_ordinal", "publish", "release", "resident"]
 
 _STORE: dict[str, dict[str, Any]] = {}  # job token -> panel name -> array
+_OPENED: dict[str, dict[str, RemotePanel]] = {}  # job token -> panel name -> a peer's panel, open here
 _LOCK = threading.Lock()
 
 
@@ -113,7 +117,7 @@ def enable_all_peers() -> None:
 
 
 class RemotePanel:
-    """A peer's panel opened by CUDA IPC for the life of a ``with`` block.
+    """A peer's panel opened by CUDA IPC (:meth:`open` to :meth:`close`).
 
     ``peer`` is this process's ordinal of the GPU holding it (see :func:`peer_ordinal`).
     """
@@ -123,18 +127,38 @@ class RemotePanel:
         self.peer = peer
         self.ptr = 0
 
-    def __enter__(self) -> RemotePanel:
+    def open(self) -> RemotePanel:
         import cupy
 
         enable_peer_access(self.peer)
         self.ptr = cupy.cuda.runtime.ipcOpenMemHandle(self.ref.ipc_handle)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def close(self) -> None:
         import cupy
 
-        # Close before the owner may free it (the owner frees only after every tile ended).
+        # Close before the owner may free it (see close_remotes).
         cupy.cuda.runtime.ipcCloseMemHandle(self.ptr)
+        self.ptr = 0
+
+
+def open_remote(ref: PanelRef, peer: int) -> RemotePanel:
+    """``ref`` (a peer's panel) opened in this process: on its first use in the job, then kept."""
+    with _LOCK:
+        opened = _OPENED.setdefault(ref.token, {})
+        if ref.name not in opened:
+            opened[ref.name] = RemotePanel(ref, peer).open()
+        return opened[ref.name]
+
+
+def close_remotes(token: str) -> int:
+    """Close the peers' panels this process opened for one job (a task on each worker once
+    every tile has ended, before any owner frees them: :func:`release`)."""
+    with _LOCK:
+        opened = _OPENED.pop(token, {})
+    for remote in opened.values():
+        remote.close()
+    return len(opened)
 
 
 def copy_rows(dst: Any, panel: RemotePanel, rows: tuple[int, int], stream: Any) -> int:

@@ -20,7 +20,7 @@ from . import alloc_stats
 from . import device as _device
 from .cluster import ClusterInfo, describe_workers, open_cluster, resolve_cluster, scheduler_address
 from .errors import JobFailed, JobInputError
-from .panels import PanelRef
+from .panels import PanelRef, close_remotes
 from .panels import release as release_panels
 from .planner import Panel, Plan, Tile, check_tiling_keys
 from .recovery import TileTracker
@@ -192,7 +192,10 @@ def run_plan(
         tracker.cancel()
         if panel_futures:
             client.cancel(list(panel_futures.values()))
-            client.run(release_panels, token)  # every tile has ended: no peer still reads them
+            # Every tile has ended: each process closes the peers' panels it opened, then
+            # (once all have) the owners free theirs.
+            client.run(close_remotes, token)
+            client.run(release_panels, token)
         if recovery is not None:
             recovery.lost_workers = tracker.lost_workers
             recovery.recomputed_tiles = sorted(tracker.recomputed_tiles)

@@ -341,6 +341,29 @@ def test_matmul_distributed_operands(tmp_path, scheduler, cluster):
         assert set(client.run(_panels_held).values()) == {0}
 
 
+def test_a_peers_panel_is_opened_once_a_job_and_closed_only_when_asked(monkeypatch):
+    # Closing a CUDA IPC mapping waits for the whole device: a tile must not do it.
+    import sys
+    from types import SimpleNamespace
+
+    from mgpu import panels
+
+    calls: list[tuple[str, Any]] = []
+    runtime = SimpleNamespace(ipcOpenMemHandle=lambda h: calls.append(("open", h)) or 1000 + len(calls),
+                              ipcCloseMemHandle=lambda ptr: calls.append(("close", ptr)))
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
+    monkeypatch.setattr(panels, "enable_peer_access", lambda peer: None)
+    monkeypatch.setattr(panels, "_OPENED", {})
+    ref = panels.PanelRef("job1", "b1", (4, 4), "float32", "h", 1, b"u", b"handle-b1")
+    first = panels.open_remote(ref, 1)
+    assert panels.open_remote(ref, 1) is first and first.ptr == 1001
+    other = panels.open_remote(panels.PanelRef("job2", "b1", (4, 4), "float32", "h", 1, b"u", b"h2"), 1)
+    assert calls == [("open", b"handle-b1"), ("open", b"h2")]
+    assert panels.close_remotes("job1") == 1
+    assert calls[-1] == ("close", 1001) and other.ptr != 0  # the other job's stays open
+    assert panels.close_remotes("job1") == 0
+
+
 def test_distributed_plan_places_tiles_with_their_panels():
     from mgpu.device import DeviceFacts
     from mgpu.workloads.matmul import Matmul, MatmulParams

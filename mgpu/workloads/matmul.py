@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .. import transfer
 from ..device import Device, DeviceFacts
 from ..errors import JobInputError
-from ..panels import PanelRef, RemotePanel, copy_rows, enable_all_peers, peer_ordinal, publish, resident
+from ..panels import PanelRef, copy_rows, enable_all_peers, open_remote, peer_ordinal, publish, resident
 from ..planner import Panel, Plan, Tile, assign_contiguous, choose_matmul_tiles, matmul_working_set, split, split_by_size
 from ..sizes import format_bytes
 from ..sources import input_files, NpySink, NpySource, RandomSource, check_output_path, inspect_npy
@@ -316,34 +316,35 @@ class Matmul(Workload):
         copies: list[tuple[Any, Any]] = []
         br = cupy.empty(k, dtype=cupy.float64) if r is not None else None
         timers, moved, c = [], 0, None
-        with RemotePanel(ref, peer) as remote:
-            def enqueue(i: int) -> Any:
-                nonlocal moved
-                slot = i % 2
-                if used[slot] is not None:
-                    copy.wait_event(used[slot])
-                begin, end = cupy.cuda.Event(), cupy.cuda.Event()
-                begin.record(copy)
-                moved += copy_rows(bufs[slot], remote, blocks[i], copy)
-                end.record(copy)
-                copies.append((begin, end))
-                return end
+        remote = open_remote(ref, peer)  # kept open until every tile has ended
 
-            with dev.in_order() as compute:
-                arrived = enqueue(0)
-                for i, (k0, k1) in enumerate(blocks):
-                    following = enqueue(i + 1) if i + 1 < len(blocks) else None
-                    compute.wait_event(arrived)
-                    block = bufs[i % 2][: k1 - k0]
-                    a_block = cupy.ascontiguousarray(a[:, k0:k1])
-                    with dev.timer(compute) as t:
-                        c = _gemm_accumulate(cupy, a_block, block, c)
-                    timers.append(t)
-                    if br is not None:
-                        br[k0:k1] = matvec_f64(cupy, block, r)
-                    used[i % 2] = compute.record()
-                    arrived = following
-            dev.stream.synchronize()  # every read of the peer's memory is done before closing it
+        def enqueue(i: int) -> Any:
+            nonlocal moved
+            slot = i % 2
+            if used[slot] is not None:
+                copy.wait_event(used[slot])
+            begin, end = cupy.cuda.Event(), cupy.cuda.Event()
+            begin.record(copy)
+            moved += copy_rows(bufs[slot], remote, blocks[i], copy)
+            end.record(copy)
+            copies.append((begin, end))
+            return end
+
+        with dev.in_order() as compute:
+            arrived = enqueue(0)
+            for i, (k0, k1) in enumerate(blocks):
+                following = enqueue(i + 1) if i + 1 < len(blocks) else None
+                compute.wait_event(arrived)
+                block = bufs[i % 2][: k1 - k0]
+                a_block = cupy.ascontiguousarray(a[:, k0:k1])
+                with dev.timer(compute) as t:
+                    c = _gemm_accumulate(cupy, a_block, block, c)
+                timers.append(t)
+                if br is not None:
+                    br[k0:k1] = matvec_f64(cupy, block, r)
+                used[i % 2] = compute.record()
+                arrived = following
+        dev.stream.synchronize()
         moved_s = sum(cupy.cuda.get_elapsed_time(b, e) for b, e in copies) / 1e3
         return c, sum(t.seconds for t in timers), br, moved, moved_s
 
