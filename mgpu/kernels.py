@@ -342,9 +342,8 @@ def mandelbrot_axes(
     return x.astype(dtype), y.astype(dtype)
 
 
-def mandelbrot_counts(xp: Any, x: Any, y: Any, max_iter: int, out: Any = None) -> Any:
-    """Escape counts for the grid ``y`` (rows) x ``x`` (columns), as int32 (into ``out``, on
-    a GPU, if given).
+def mandelbrot_counts(xp: Any, x: Any, y: Any, max_iter: int) -> Any:
+    """Escape counts for the grid ``y`` (rows) x ``x`` (columns), as int32.
 
     The count is the number of steps z <- z*z + c from z = 0 taken before |z|^2 > 4, at
     most ``max_iter``. Both branches do the same IEEE operations in the same order (the
@@ -353,8 +352,7 @@ def mandelbrot_counts(xp: Any, x: Any, y: Any, max_iter: int, out: Any = None) -
     if _is_cupy(xp):
         x = xp.asarray(x)[None, :]
         y = xp.asarray(y)[:, None]
-        if out is None:
-            out = xp.empty((y.shape[0], x.shape[1]), dtype=np.int32)
+        out = xp.empty((y.shape[0], x.shape[1]), dtype=np.int32)
         _cupy_mandelbrot_kernel()(x, y, np.int32(max_iter), out)
         return out
     return _numpy_mandelbrot(np.asarray(x), np.asarray(y), max_iter)

@@ -142,11 +142,8 @@ class Mandelbrot(Workload):
         record = self.new_record(dev, tile, start, busy_s=0.0, work=0.0)
         with dev.on_stream():
             xd, yd = dev.to_device(x), dev.to_device(y)
-            # Made on this thread's stream, which uses it last: nothing is allocated on the
-            # shared queue, whose other threads' work an allocation could be made to wait on.
-            counts = dev.xp.empty((r1 - r0, p.width), dtype=np.int32) if dev.is_gpu else None
             with dev.in_order() as queue, dev.timer(queue) as t:
-                counts = mandelbrot_counts(dev.xp, xd, yd, p.max_iter, counts)
+                counts = mandelbrot_counts(dev.xp, xd, yd, p.max_iter)
             record.marks["queued"] = time.time()
             record.work = float(counts.sum(dtype=np.int64))
             record.marks["counted"] = time.time()  # the band's kernel and its sum have run
