@@ -373,7 +373,7 @@ class Matmul(Workload):
                 if check:
                     abr += matvec_f64(xp, a, matvec_f64(xp, b, r))
                 del a, b
-            marks["queued"] = time.time()  # every block made or read, every product enqueued
+            marks["queued"] = time.time()  # every block made or read and multiplied (busy waits for each)
             if injected_fault(self.name, tile):
                 c[0, 0] += 1
             error = ok = None
