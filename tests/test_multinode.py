@@ -143,6 +143,32 @@ def test_worker_killed_mid_job_its_tiles_are_recomputed_and_the_result_is_correc
         cluster.stop()
 
 
+def test_worker_killed_mid_distributed_matmul_its_panels_and_tiles_are_made_again(tmp_path):
+    # Its panels die with it: the survivor makes them again (in their chain) and runs its tiles.
+    cluster = start_proc_cluster(tmp_path / "cluster", n_workers=2, env=DELAY)
+    try:
+        job = write_job(tmp_path / "job.yaml", {
+            "workload": "matmul",
+            "params": {"m": 90, "n": 70, "k": 50, "dtype": "float64", "seed": 2, "operands": "distributed",
+                       "output": str(tmp_path / "c.npy")},
+        })
+        with subprocess.Popen(mgpu_cmd(job, "--scheduler", cluster.address, "--json", tmp_path / "out.json"),
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+            victim = _kill_when_busy(cluster, "1", proc)
+            stdout, stderr = proc.communicate(timeout=180)
+        assert proc.returncode == 0, stdout + stderr + cluster.logs()
+        data = json.loads((tmp_path / "out.json").read_text())
+        assert data["status"] == "ok" and data["verify"]["passed"] is True
+        assert data["recovery"]["lost_workers"] == [victim]
+        # Worker 1 owned tiles 2 and 3 (its row of A against both B panels).
+        recomputed = data["recovery"]["recomputed_tiles"]
+        assert data["plan"]["tiles"] == 4 and recomputed and set(recomputed) <= {2, 3}, recomputed
+        assert sum(d["tiles"] for d in data["per_device"]) == 4
+        np.testing.assert_allclose(np.load(tmp_path / "c.npy"), reference(90, 70, 50, seed=2), rtol=1e-12, atol=1e-12)
+    finally:
+        cluster.stop()
+
+
 def test_worker_restarted_by_its_nanny_takes_the_tiles_back(tmp_path):
     """A worker process killed under a nanny comes back at a new address; the tiles that were
     placed on the old one run on the workers there are then, the restarted one included."""
