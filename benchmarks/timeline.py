@@ -9,7 +9,9 @@ all (between tasks: Dask's hand-over), and the time inside tasks but off the ker
 (inputs, checks, copies back). With two tiles per device at once, "no tile running"
 counts only the time when neither runs. Where tiles mark their steps (``TileRecord.marks``:
 inputs made, products queued, checked, written), it prints the median time from a tile's
-start to each step, and from each step to the next.
+start to each step, and from each step to the next. Where the job makes panels (matmul's
+``operands: distributed``), it prints each one's span against the first tile's start and
+the bytes it moved to the device.
 """
 
 from __future__ import annotations
@@ -30,9 +32,13 @@ from mgpu.workloads.base import TileRecord
 class _Keep(Events):
     def __init__(self) -> None:
         self.records: list[TileRecord] = []
+        self.panels: list[TileRecord] = []
 
     def tile_done(self, record: TileRecord) -> None:
         self.records.append(record)
+
+    def panels_made(self, records: list[TileRecord]) -> None:
+        self.panels = list(records)
 
 
 def idle_between(intervals: list[tuple[float, float]]) -> float:
@@ -78,6 +84,21 @@ def step_medians(records: list[TileRecord]) -> dict[str, float]:
     return {step: statistics.median(values) for step, values in steps.items()}
 
 
+def panel_lines(panels: list[TileRecord], tiles: list[TileRecord]) -> list[str]:
+    """One line per panel a worker made: when it started and ended against the job's first
+    tile's start, its bounds, and the bytes it moved to the device and how fast."""
+    if not panels:
+        return []
+    t0 = min(r.start for r in tiles) if tiles else min(p.start for p in panels)
+    lines = []
+    for p in sorted(panels, key=lambda p: p.start):
+        seconds = p.stop - p.start
+        rate = f", {p.bytes_h2d / seconds / 1e9:.1f} GB/s" if p.bytes_h2d and seconds > 0 else ""
+        lines.append(f"panel {p.extra.get('panel', '?')}: {p.start - t0:+.3f} -> {p.stop - t0:+.3f} s, "
+                     f"{p.bytes_h2d / 1e9:.2f} GB{rate}")
+    return lines
+
+
 @click.command()
 @click.argument("job_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--set", "sets", multiple=True, help="Override a job key, as in submit.")
@@ -93,9 +114,13 @@ def main(job_file: Path, sets: tuple[str, ...], json_path: Path | None) -> None:
               f"no tile running {s['idle_between_s']:.3f} s, in tasks off the kernel {s['in_task_off_kernel_s']:.3f} s")
         if s["steps_s"]:
             print("    median " + ", ".join(f"{step} {sec * 1e3:.1f} ms" for step, sec in s["steps_s"].items()))
+        for line in panel_lines([p for p in keep.panels if p.worker == worker], keep.records):
+            print("    " + line)
     if json_path:
         records = [{k: v for k, v in vars(r).items() if k != "extra"} for r in keep.records]
-        json_path.write_text(json.dumps({"summary": summary, "records": records,
+        panels = [{**{k: v for k, v in vars(r).items() if k != "extra"}, "panel": r.extra.get("panel")}
+                  for r in keep.panels]
+        json_path.write_text(json.dumps({"summary": summary, "records": records, "panels": panels,
                                          "result": result.model_dump(mode="json")}, indent=1,
                                         default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 

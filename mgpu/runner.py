@@ -47,6 +47,9 @@ class Events:
 
     def tile_done(self, record: TileRecord) -> None: ...
 
+    def panels_made(self, records: list[TileRecord]) -> None:
+        """Every tile has ended; ``records`` are the makings of the plan's panels (if any)."""
+
     def worker_lost(self, worker: str, tiles: list[int]) -> None: ...
 
     def job_started(self, index: int, job: Job) -> None: ...
@@ -82,6 +85,7 @@ def _make_panel(workload: Workload, panel: Panel, token: str, after: PanelRef | 
     fill = _counter(dev)
     ref = workload.make_panel(dev, panel, token)
     record = Workload.new_record(dev, Tile(-1, panel.bounds), start, busy_s=0.0, work=0.0, kind="panel")
+    record.extra["panel"] = panel.name
     fill(record)
     return dataclasses.replace(ref, record=record)
 
@@ -338,6 +342,7 @@ def _run_prepared(info: ClusterInfo, p: _Prepared, events: Events, t0: float, cl
         with _reference_beside(workload, plan, job.verify) as reference:
             records = run_plan(info.client, workload, plan, tile_done, recovery, events.worker_lost, resources,
                                panel_records)
+            events.panels_made(panel_records)
             if reference is not None:
                 workload.judge(records, reference.result())
         passed = all(r.verify_ok for r in records) if job.verify else None

@@ -341,6 +341,34 @@ def test_matmul_distributed_operands(tmp_path, scheduler, cluster):
         assert set(client.run(_panels_held).values()) == {0}
 
 
+def test_the_runner_reports_each_panels_making_once_every_tile_has_ended(tmp_path, scheduler):
+    from mgpu.runner import Events, run_job
+    from mgpu.spec import validate_job
+
+    class Watch(Events):
+        def __init__(self) -> None:
+            self.tiles: list[Any] = []
+            self.panels: list[Any] = []
+
+        def tile_done(self, record: Any) -> None:
+            self.tiles.append(record)
+
+        def panels_made(self, records: list[Any]) -> None:
+            assert len(self.tiles) == 4  # after the last tile
+            self.panels = records
+
+    watch = Watch()
+    doc = {"workload": "matmul", "params": {"m": 45, "n": 38, "k": 29, "dtype": "float64", "operands": "distributed"},
+           "cluster": {"scheduler": scheduler, "dashboard": None}}
+    result = run_job(validate_job(doc), watch)
+    assert result.status == "ok"
+    # One A piece and one B panel per worker, each made on its worker before its tiles.
+    assert sorted(r.extra["panel"] for r in watch.panels) == ["a0.0", "a1.0", "b0", "b1"]
+    assert all(r.kind == "panel" for r in watch.panels)
+    first_tile = {w: min(t.start for t in watch.tiles if t.worker == w) for w in {t.worker for t in watch.tiles}}
+    assert all(r.stop <= first_tile[r.worker] + 1e-3 for r in watch.panels if r.extra["panel"].endswith(".0"))
+
+
 def test_a_peers_panel_is_opened_once_a_job_and_closed_only_when_asked(monkeypatch):
     # Closing a CUDA IPC mapping waits for the whole device: a tile must not do it.
     import sys
