@@ -116,16 +116,24 @@ def _kill_when_busy(cluster: Any, name: str, job_proc: subprocess.Popen) -> str:
     return victim
 
 
+def _submit_killing(cluster: Any, job: Path, out: Path, name: str,
+                    env: dict[str, str] | None = None) -> tuple[int, str, str, str]:
+    """Submit ``job`` to ``cluster`` and SIGKILL worker ``name`` mid-job; returns (exit code,
+    stdout, stderr, the killed worker's address)."""
+    with subprocess.Popen(mgpu_cmd(job, "--scheduler", cluster.address, "--json", out), cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        victim = _kill_when_busy(cluster, name, proc)
+        stdout, stderr = proc.communicate(timeout=180)
+    return proc.returncode, stdout, stderr, victim
+
+
 def test_worker_killed_mid_job_its_tiles_are_recomputed_and_the_result_is_correct(tmp_path):
     cluster = start_proc_cluster(tmp_path / "cluster", n_workers=2, env=DELAY)
     try:
         # 16 tiles, 8 placed on each worker, each taking at least 0.3 s.
         job = matmul_job(tmp_path, 96, 64, 24, {"m": 12, "n": 32})
-        with subprocess.Popen(mgpu_cmd(job, "--scheduler", cluster.address, "--json", tmp_path / "out.json"),
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
-            victim = _kill_when_busy(cluster, "1", proc)
-            stdout, stderr = proc.communicate(timeout=180)
-        assert proc.returncode == 0, stdout + stderr + cluster.logs()
+        code, stdout, stderr, victim = _submit_killing(cluster, job, tmp_path / "out.json", "1")
+        assert code == 0, stdout + stderr + cluster.logs()
         assert f"lost worker {victim}" in stdout
         data = json.loads((tmp_path / "out.json").read_text())
         assert data["status"] == "ok" and data["verify"]["passed"] is True
@@ -152,11 +160,8 @@ def test_worker_killed_mid_distributed_matmul_its_panels_and_tiles_are_made_agai
             "params": {"m": 90, "n": 70, "k": 50, "dtype": "float64", "seed": 2, "operands": "distributed",
                        "output": str(tmp_path / "c.npy")},
         })
-        with subprocess.Popen(mgpu_cmd(job, "--scheduler", cluster.address, "--json", tmp_path / "out.json"),
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
-            victim = _kill_when_busy(cluster, "1", proc)
-            stdout, stderr = proc.communicate(timeout=180)
-        assert proc.returncode == 0, stdout + stderr + cluster.logs()
+        code, stdout, stderr, victim = _submit_killing(cluster, job, tmp_path / "out.json", "1")
+        assert code == 0, stdout + stderr + cluster.logs()
         data = json.loads((tmp_path / "out.json").read_text())
         assert data["status"] == "ok" and data["verify"]["passed"] is True
         assert data["recovery"]["lost_workers"] == [victim]
@@ -175,11 +180,8 @@ def test_worker_restarted_by_its_nanny_takes_the_tiles_back(tmp_path):
     cluster = start_proc_cluster(tmp_path / "cluster", n_workers=2, nanny=True, env=DELAY)
     try:
         job = matmul_job(tmp_path, 96, 64, 24, {"m": 12, "n": 32}, seed=5)
-        with subprocess.Popen(mgpu_cmd(job, "--scheduler", cluster.address, "--json", tmp_path / "out.json"),
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
-            victim = _kill_when_busy(cluster, "0", proc)
-            stdout, stderr = proc.communicate(timeout=180)
-        assert proc.returncode == 0, stdout + stderr + cluster.logs()
+        code, stdout, stderr, victim = _submit_killing(cluster, job, tmp_path / "out.json", "0")
+        assert code == 0, stdout + stderr + cluster.logs()
         data = json.loads((tmp_path / "out.json").read_text())
         assert data["status"] == "ok" and data["verify"]["passed"] is True
         assert data["recovery"]["lost_workers"] == [victim]
@@ -197,11 +199,8 @@ def test_losing_every_worker_fails_the_job_with_a_clear_message(tmp_path):
     try:
         job = matmul_job(tmp_path, 96, 64, 24, {"m": 12, "n": 32})
         env = {**os.environ, "DASK_MGPU__RECOVERY__WAIT_FOR_WORKERS": "1s"}
-        with subprocess.Popen(mgpu_cmd(job, "--scheduler", cluster.address, "--json", tmp_path / "out.json"),
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
-            victim = _kill_when_busy(cluster, "0", proc)
-            stdout, stderr = proc.communicate(timeout=180)
-        assert proc.returncode == 1, stdout + stderr
+        code, stdout, stderr, victim = _submit_killing(cluster, job, tmp_path / "out.json", "0", env)
+        assert code == 1, stdout + stderr
         assert "Traceback" not in stdout + stderr
         assert f"mgpu: job failed: every worker was lost ({victim})" in stderr
         assert "none joined within 1 s" in stderr
