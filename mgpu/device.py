@@ -204,8 +204,10 @@ class Device:
         """Copy a device array to the host (a no-op on the CPU), counting the bytes."""
         if not self.is_gpu:
             return np.asarray(arr)
-        out = arr.get(stream=self.stream)
+        # Wait for the stream, then copy: a copy that waits for the GPU itself holds up the
+        # other threads' CUDA calls meanwhile (see mgpu.kernels.to_host).
         self.synchronize()
+        out = arr.get(stream=self.stream)
         self._count("d2h", out.nbytes)
         return out
 

@@ -21,6 +21,7 @@ __all__ = [
     "mandelbrot_counts",
     "random_block",
     "stream_key",
+    "to_host",
 ]
 
 _M64 = (1 << 64) - 1
@@ -45,6 +46,20 @@ def stream_key(seed: int, operand: int) -> int:
 
 def _is_cupy(xp: Any) -> bool:
     return xp.__name__ == "cupy"
+
+
+def to_host(xp: Any, arr: Any) -> np.ndarray:
+    """``arr`` as a NumPy array; on a GPU, after a wait for the current stream.
+
+    The wait comes first on purpose: CuPy's copy into pageable memory otherwise waits for
+    the GPU inside the copy, and while it does, the CUDA calls of the process's other
+    threads wait too (benchmarks/band_probe.py: Mandelbrot bands were queued one at a time,
+    each behind the count of the one before).
+    """
+    if not _is_cupy(xp):
+        return np.asarray(arr)
+    xp.cuda.get_current_stream().synchronize()
+    return arr.get()
 
 
 def random_block(
@@ -267,7 +282,7 @@ def _cupy_dot(x: Any, y: Any) -> float:
     kernel_name = _DOT_VECTOR.get(name) if aligned else None
     kernel = _cupy_dot_module().get_function(kernel_name or _DOT_SCALAR[name])
     kernel((blocks,), (threads,), (x, y, np.int64(n), partial))
-    return float(partial.sum())
+    return float(to_host(cupy, partial.sum()))
 
 
 def dot_check(xp: Any, x: Any, y: Any) -> tuple[float, float]:
@@ -286,7 +301,7 @@ def dot_check(xp: Any, x: Any, y: Any) -> tuple[float, float]:
         partial = cupy.empty(2 * blocks, dtype=cupy.float64)
         kernel = _cupy_dot_module().get_function(_DOT_CHECK[str(x.dtype)])
         kernel((blocks,), (256,), (x, y, np.int64(n), partial))
-        s, a = partial.reshape(blocks, 2).sum(axis=0).get()
+        s, a = to_host(cupy, partial.reshape(blocks, 2).sum(axis=0))
         return float(s), float(a)
     total = scale = 0.0
     step = 1 << 22

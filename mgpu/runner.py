@@ -11,7 +11,7 @@ import dataclasses
 import multiprocessing
 import time
 import uuid
-from collections import deque
+from collections import defaultdict, deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -114,13 +114,27 @@ def warm_up(client: Any, workload: Workload, workers: list[str], resources: dict
     client.gather(futures)
 
 
+def tile_places(plan: Plan) -> dict[int, int]:
+    """Each tile's place in its worker's order (for tiles placed dynamically, in the plan's)."""
+    places: dict[int, int] = {}
+    counts: dict[str | None, int] = defaultdict(int)
+    for t in plan.tiles:
+        worker = t.worker if plan.placement == "static" else None
+        places[t.index] = counts[worker]
+        counts[worker] += 1
+    return places
+
+
 def panel_priorities(plan: Plan) -> dict[str, int]:
-    """Each panel's Dask priority (higher runs first): minus the index of the first tile
-    that reads it, as each tile's own priority is minus its index."""
+    """Each panel's Dask priority (higher runs first): minus the earliest place (see
+    :func:`tile_places`) of a tile that reads it, as each tile's own is minus its place.
+    A panel that another worker reads early is not put ahead of what its own worker's
+    first tiles need."""
+    places = tile_places(plan)
     first: dict[str, int] = {}
     for t in plan.tiles:
         for name in t.needs:
-            first.setdefault(name, t.index)
+            first[name] = min(first.get(name, places[t.index]), places[t.index])
     return {p.name: -first.get(p.name, len(plan.tiles)) for p in plan.panels}
 
 
@@ -154,7 +168,7 @@ def run_plan(
     # their worker (each depends on the one before), in the order the tiles read them: the
     # next tiles' panels are read while the first tiles multiply, and each read has the
     # worker's host threads to itself.
-    priorities = panel_priorities(plan)
+    priorities, places = panel_priorities(plan), tile_places(plan)
     panel_futures: dict[str, Any] = {}
     last_on: dict[str, Any] = {}
     for p in sorted(plan.panels, key=lambda p: -priorities[p.name]):
@@ -168,7 +182,7 @@ def run_plan(
         return client.submit(
             _run_tile, workload, tile, needs or None, key=f"{prefix}-{tile.index}-{token}{again}",
             workers=[worker] if worker else None, allow_other_workers=False, pure=False, resources=resources,
-            priority=-tile.index,
+            priority=-places[tile.index],
         )
 
     records: list[TileRecord] = []

@@ -1,8 +1,8 @@
 """Inputs and outputs of tiles, read and written by the workers themselves.
 
 Sources: counter-based random operands (any block, regenerated anywhere, the same
-values on CPU and GPU) and ``.npy`` files, read on GPUs with ``pread`` (or through memory
-maps: ``mgpu.transfer.read``) and on CPUs through memory maps. Sinks: an ``.npy``
+values on CPU and GPU) and ``.npy`` files, read on GPUs with ``pread`` or through memory
+maps (``mgpu.transfer.read``) and on CPUs through memory maps. Sinks: an ``.npy``
 that the client creates empty under a temporary name, the workers fill tile by tile,
 and the client renames once the job has passed, so a failed or cancelled job leaves
 nothing under the output's name.
@@ -99,9 +99,11 @@ class NpySource:
 
     def _block(self, dev: Device, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> Any:
         """What :func:`mgpu.transfer.load` reads the block from: on a GPU the file itself
-        (``mgpu.transfer.read: pread``, if its bytes are the array's), else :meth:`view`
-        (on a CPU the copy from the map is all the read there is)."""
-        if transfer.read_method() == "pread" and dev.is_gpu and self.info.offset is not None:
+        (where :func:`mgpu.transfer.read_method` says pread and the file's bytes are the
+        array's), else :meth:`view` (on a CPU the copy from the map is all the read there is)."""
+        width = self.info.shape[1] if len(self.info.shape) == 2 else None
+        contiguous = cols is None or width is None or (cols[0], cols[1]) == (0, width)
+        if transfer.read_method(contiguous) == "pread" and dev.is_gpu and self.info.offset is not None:
             return transfer.FileBlock(self.info.path, self.info.offset, self.info.shape, np.dtype(self.info.dtype),
                                       rows, cols)
         return self.view(rows, cols)

@@ -165,10 +165,10 @@ def test_worker_killed_mid_distributed_matmul_its_panels_and_tiles_are_made_agai
         data = json.loads((tmp_path / "out.json").read_text())
         assert data["status"] == "ok" and data["verify"]["passed"] is True
         assert data["recovery"]["lost_workers"] == [victim]
-        # Worker 1 owned tiles 2 and 3 (its row of A against both B panels).
+        # Worker 1 owned tiles 4-7 (its row of A against both B panels, each in two pieces).
         recomputed = data["recovery"]["recomputed_tiles"]
-        assert data["plan"]["tiles"] == 4 and recomputed and set(recomputed) <= {2, 3}, recomputed
-        assert sum(d["tiles"] for d in data["per_device"]) == 4
+        assert data["plan"]["tiles"] == 8 and recomputed and set(recomputed) <= set(range(4, 8)), recomputed
+        assert sum(d["tiles"] for d in data["per_device"]) == 8
         np.testing.assert_allclose(np.load(tmp_path / "c.npy"), reference(90, 70, 50, seed=2), rtol=1e-12, atol=1e-12)
     finally:
         cluster.stop()

@@ -104,26 +104,32 @@ def test_distributed_plan_with_an_output_overlaps_writes(monkeypatch, tmp_path):
                              output=str(tmp_path / "c.npy")))
     assert wl.concurrency == 2  # one tile writes while the other computes
     plan = wl.plan(facts, 1 << 30, {})
-    # Each (A_i, B_j) tile of 200 x 50 float64 is cut into pieces of at most 100 x 50.
-    assert len(plan.tiles) == 2 * 2 * 2
-    assert all(t.size("m") == 100 for t in plan.tiles)
+    # Each (A_i, B_j) block of 200 x 50 float64 is cut into row pieces of at most 100 x 50,
+    # and those into two column pieces.
+    assert len(plan.tiles) == 2 * 2 * 2 * 2
+    assert all((t.size("m"), t.size("n")) == (100, 25) for t in plan.tiles)
     assert sorted((t.bounds["m"], t.bounds["n"]) for t in plan.tiles) == sorted(
         {(t.bounds["m"], t.bounds["n"]) for t in plan.tiles})
-    # A_i is made in those row pieces, a panel each, on worker i: every row once. B_j is whole.
+    # A_i and B_j are made in those pieces, a panel each, on worker i (j): every row and column once.
     assert [(p.name, p.worker, p.bounds) for p in plan.panels] == [
         ("a0.0", "w0", {"m": (0, 100)}), ("a0.1", "w0", {"m": (100, 200)}),
         ("a1.0", "w1", {"m": (200, 300)}), ("a1.1", "w1", {"m": (300, 400)}),
-        ("b0", "w0", {"n": (0, 50)}), ("b1", "w1", {"n": (50, 100)})]
+        ("b0.0", "w0", {"n": (0, 25)}), ("b0.1", "w0", {"n": (25, 50)}),
+        ("b1.0", "w1", {"n": (50, 75)}), ("b1.1", "w1", {"n": (75, 100)})]
     panels = {p.name: p for p in plan.panels}
     for t in plan.tiles:
-        # Each tile reads its own piece of A, all of it (a_rows are the piece's rows).
+        # Each tile reads its own piece of A and of B, all of each (a_rows are the piece's rows).
         a, b = (panels[name] for name in t.needs)
         assert a.operand == "a" and a.worker == t.worker
         assert a.bounds["m"] == t.bounds["m"] == t.bounds["a_rows"] and b.bounds["n"] == t.bounds["n"]
-    # Worker 0's row: its own B panel's tiles first, each piece of A in turn.
+    # Worker 0's row: its own B panel's tiles first; for each piece of B, each piece of A in turn.
     assert [t.needs for t in plan.tiles if t.worker == "w0"] == [
-        ("a0.0", "b0"), ("a0.1", "b0"), ("a0.0", "b1"), ("a0.1", "b1")]
-    assert Matmul(MatmulParams(m=400, n=100, k=64, operands="distributed")).concurrency == 1
+        ("a0.0", "b0.0"), ("a0.1", "b0.0"), ("a0.0", "b0.1"), ("a0.1", "b0.1"),
+        ("a0.0", "b1.0"), ("a0.1", "b1.0"), ("a0.0", "b1.1"), ("a0.1", "b1.1")]
+    # Without an output each panel is whole, and one tile runs at a time.
+    whole = Matmul(MatmulParams(m=400, n=100, k=64, operands="distributed"))
+    assert whole.concurrency == 1
+    assert [p.name for p in whole.plan(facts, 1 << 30, {}).panels] == ["a0.0", "a1.0", "b0.0", "b1.0"]
 
 
 def test_distributed_budget_counts_panels_once_and_each_running_tile(tmp_path):
@@ -209,7 +215,7 @@ def test_distributed_matmul_from_files_to_a_file(monkeypatch, tmp_path):
     finally:
         cluster.close()
     assert res.code == 0, res.output
-    assert data["verify"]["passed"] is True and data["plan"]["tiles"] == 8
+    assert data["verify"]["passed"] is True and data["plan"]["tiles"] == 16
     assert np.allclose(np.load(out), a @ b, rtol=1e-12, atol=1e-12)
     pcie = data["pcie"]
     assert pcie["minimum_bytes"] == 8 * (m * k + k * n + m * n)
@@ -217,17 +223,19 @@ def test_distributed_matmul_from_files_to_a_file(monkeypatch, tmp_path):
     # minimum counts it. (CPU workers count no PCIe bytes, and read B again for each tile.)
     assert sorted(sorted((rows, cols) for name, rows, cols in r if name == "a.npy") for r in reads.values()) == [
         [((0, 15), (0, k)), ((15, 30), (0, k))], [((30, 45), (0, k)), ((45, 61), (0, k))]]
-    # The panels went in with minus the index of the first tile that reads them (B_1: worker
-    # 0's third), the tiles with minus their own: each worker makes its first tile's panels
-    # first, then its next piece of A, and runs its tiles in plan order.
+    # The panels went in with minus the earliest place of a tile that reads them, in that
+    # tile's worker's order (B_1.0: worker 1's first), the tiles with minus their own place:
+    # each worker makes its first tile's panels first, then the next piece of A, then of B,
+    # and runs its tiles in plan order.
     given = {key.split("-")[2]: p for key, p in priorities.given.items() if key.startswith("matmul-panel-")}
-    assert given == {"a0.0": 0, "b0": 0, "a0.1": -1, "a1.0": -4, "b1": -2, "a1.1": -5}
+    assert given == {"a0.0": 0, "b0.0": 0, "a0.1": -1, "b0.1": -2, "a1.0": 0, "b1.0": 0, "a1.1": -1, "b1.1": -2}
     tiles = {int(key.split("-")[2]): p for key, p in priorities.given.items() if key.startswith("matmul-tile-")}
-    assert tiles == {i: -i for i in range(8)}
+    assert tiles == {i: -(i % 8) for i in range(16)}  # eight a worker, each in its worker's order
     # On each worker the panels go one after another in that order, and take no tile slot.
     after = {key.split("-")[2]: [d.split("-")[2] for d in deps] for key, deps in priorities.after.items()
              if key.startswith("matmul-panel-")}
-    assert after == {"a0.0": [], "b0": ["a0.0"], "a0.1": ["b0"], "b1": [], "a1.0": ["b1"], "a1.1": ["a1.0"]}
+    assert after == {"a0.0": [], "b0.0": ["a0.0"], "a0.1": ["b0.0"], "b0.1": ["a0.1"],
+                     "a1.0": [], "b1.0": ["a1.0"], "a1.1": ["b1.0"], "b1.1": ["a1.1"]}
     assert all(not priorities.resources[key] for key in priorities.resources if key.startswith("matmul-panel-"))
     # The panels' records join the workers' rows (their spans, their bytes), not their tile counts.
     assert sum(d["tiles"] for d in data["per_device"]) == data["plan"]["tiles"]
@@ -480,14 +488,15 @@ def test_npy_source_reads_the_file_on_a_cpu_either_way(tmp_path, method):
         assert np.array_equal(x.read(dev, (10, 990)), vec[10:990])
 
 
-def test_the_read_method_defaults_to_pread_and_a_bad_one_names_the_key(tmp_path):
+def test_the_read_method_defaults_to_auto_and_a_bad_one_names_the_key(tmp_path):
     import dask.config
 
     assert transfer.read_method() == "pread"
+    assert transfer.read_method(contiguous=False) == "mmap"
     data = _npy(tmp_path / "a.npy", (4, 3), "float32")
     src = NpySource(NpyInfo(str(data.filename), data.shape, "float32", data.offset))
     with dask.config.set({"mgpu.transfer.read": "mapped"}):
-        with pytest.raises(ValueError, match="mgpu.transfer.read: 'mapped' is not one of pread, mmap"):
+        with pytest.raises(ValueError, match="mgpu.transfer.read: 'mapped' is not one of auto, pread, mmap"):
             src.read(_cpu_device(), (0, 4), (0, 3))
 
 
@@ -518,6 +527,33 @@ def test_npy_source_on_a_gpu_reads_by_pread_only_where_the_bytes_are_the_array(m
     _run_copies(stream)
     assert np.array_equal(np.asarray(out), data[5:17, 3:29])
     assert bool(reads) == (method == "pread" and layout == "C")
+
+
+@pytest.mark.parametrize("rows, cols, by_pread", [
+    ((5, 17), None, True),  # whole rows: one read per chunk
+    ((5, 17), (0, 30), True),  # every column named: still whole rows
+    ((5, 17), (3, 29), False),  # a column block: a read per row, so from the map
+    ((0, 40), (0, 15), False),
+])
+def test_auto_reads_whole_rows_by_pread_and_a_column_block_from_the_map(monkeypatch, tmp_path, rows, cols,
+                                                                         by_pread):
+    import os
+
+    from mgpu.sources import inspect_npy
+
+    dev, stream = _stand_in_gpu(monkeypatch, 3)
+    data = np.random.default_rng(6).standard_normal((40, 30)).astype(np.float32)
+    np.save(tmp_path / "a.npy", data)
+    src = NpySource(inspect_npy(tmp_path / "a.npy", key="a"))
+    reads = []
+    real_preadv = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda *args: reads.append(args) or real_preadv(*args))
+    want = data[rows[0]:rows[1]] if cols is None else data[rows[0]:rows[1], cols[0]:cols[1]]
+    out = np.zeros(want.shape, np.float32).view(_DeviceArray)
+    src.read_into(dev, out, rows, cols)
+    _run_copies(stream)
+    assert np.array_equal(np.asarray(out), want)
+    assert bool(reads) == by_pread
 
 
 def test_a_failed_load_raises_only_once_no_chunk_reads_any_more(monkeypatch, tmp_path):

@@ -88,3 +88,46 @@ def test_healthy_cluster_passes_the_same_job(tmp_path, scheduler):
     data = json.loads((tmp_path / "result.json").read_text())
     assert data["verify"]["passed"] is True and data["verify"]["failed_tiles"] == []
     assert Path(data["outputs"][0]).is_file()
+
+
+class _Stream:
+    def __init__(self, log: list[str]) -> None:
+        self.log, self.ptr = log, 1
+
+    def synchronize(self) -> None:
+        self.log.append("wait for the stream")
+
+    def __enter__(self) -> _Stream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+class _OnDevice:
+    """A device array whose copy back notes when it ran."""
+
+    def __init__(self, log: list[str], value: np.ndarray) -> None:
+        self.log, self.value = log, value
+
+    def get(self, stream: Any = None) -> np.ndarray:
+        self.log.append("copy")
+        return self.value
+
+
+def test_fetches_from_a_gpu_wait_for_the_stream_before_they_copy(monkeypatch):
+    # A copy that waits for the GPU itself holds up the other threads' CUDA calls (the
+    # Mandelbrot bands were queued one at a time); the wait must come first, then the copy.
+    import types
+
+    from mgpu.device import Device, DeviceFacts
+
+    log: list[str] = []
+    stream = _Stream(log)
+    fake = types.SimpleNamespace(__name__="cupy", cuda=types.SimpleNamespace(get_current_stream=lambda: stream))
+    assert kernels.to_host(fake, _OnDevice(log, np.arange(3))).tolist() == [0, 1, 2]
+    assert log == ["wait for the stream", "copy"]
+    log.clear()
+    dev = Device("cuda", fake, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"), new_stream=lambda: stream)
+    assert dev.to_host(_OnDevice(log, np.ones(4))).sum() == 4 and dev.bytes_d2h == 32
+    assert log == ["wait for the stream", "copy"]

@@ -290,9 +290,12 @@ def test_mandelbrot_bands_of_equal_cost_check_and_count_every_pixel(tmp_path, sc
 
 
 @pytest.mark.parametrize("verify", [True, False])
-def test_mandelbrot_warmup_runs_a_tiny_band_the_way_the_job_does(monkeypatch, verify):
-    """The warm-up is run_tile on a tiny band, checked when the job is: on a GPU the check's
-    gather kernels then compile in the warm-up, not in the first real bands."""
+def test_mandelbrot_warmup_runs_a_small_band_the_way_the_job_does(monkeypatch, verify):
+    """The warm-up is run_tile on a small band, checked when the job is: on a GPU the check's
+    kernels then compile and load in the warm-up, not in the first real bands. It leaves the
+    job's own axes on the device for the bands to slice."""
+    from mgpu.workloads import mandelbrot
+
     runs = []
     run_tile = Mandelbrot.run_tile
 
@@ -306,10 +309,25 @@ def test_mandelbrot_warmup_runs_a_tiny_band_the_way_the_job_does(monkeypatch, ve
     job.warmup(Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "host")))
     assert len(runs) == 1
     small, extra = runs[0]
-    assert small.params.width * small.params.height <= 1024 and small.sinks == {}
+    assert (small.params.width, small.params.height) == (8192, 8) and small.sinks == {}
     assert (small.params.max_iter, small.params.dtype) == (50, "float64")
     assert small.verify is verify
     assert ("sample" in extra) is verify  # the sampled rows were gathered, as a checked band does
+    (x, y), = mandelbrot._AXES.values()  # the job's, not the small band's
+    assert x.shape == y.shape == (65536,) and x.dtype == np.float64
+
+
+def test_mandelbrot_bands_of_jobs_in_one_process_each_count_over_their_own_window():
+    # A band slices the axes its worker keeps for the running job: the next job, with
+    # another window or size, must not count over the last one's.
+    from mgpu.planner import Tile
+
+    dev = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "host"))
+    for window, (width, height) in [(WINDOW, (64, 48)), ({**WINDOW, "ymin": -0.5}, (64, 48)), (WINDOW, (40, 30))]:
+        job = Mandelbrot(MandelbrotParams(width=width, height=height, max_iter=60, dtype="float32", **window))
+        record = job.run_tile(dev, Tile(3, {"rows": (8, 20)}))
+        want = _escape_counts(width, height, **window, max_iter=60, dtype="float32")[8:20]
+        assert record.work == want.sum() and record.verify_ok is None
 
 
 def _panels_held(dask_worker: Any = None) -> int:
@@ -325,10 +343,11 @@ def test_matmul_distributed_operands(tmp_path, scheduler, cluster):
     doc = {"workload": "matmul", "params": {"m": m, "n": n, "k": k, "seed": 3, "dtype": "float64",
                                            "operands": "distributed", "output": str(out)}}
     data = _submit(tmp_path, scheduler, doc)
-    # Two workers: A in two row panels, B in two column panels, so 2 x 2 tiles, two per worker.
-    assert data["plan"]["tiles"] == 4
-    assert data["plan"]["tile_shape"] == {"m": 23, "n": 19, "k": k}
-    assert sorted(d["tiles"] for d in data["per_device"]) == [2, 2]
+    # Two workers: A in two row panels, B in two column panels made in two pieces each (C
+    # goes to a file: the last tile's write is smaller), so 2 x 2 x 2 tiles, four per worker.
+    assert data["plan"]["tiles"] == 8
+    assert data["plan"]["tile_shape"] == {"m": 23, "n": 10, "k": k}
+    assert sorted(d["tiles"] for d in data["per_device"]) == [4, 4]
     # CPU workers have no peer path: the B panel another worker holds is made again, not moved.
     assert all(d["bytes_d2d"] == 0 for d in data["per_device"])
     c = np.load(out)
@@ -363,7 +382,7 @@ def test_the_runner_reports_each_panels_making_once_every_tile_has_ended(tmp_pat
     result = run_job(validate_job(doc), watch)
     assert result.status == "ok"
     # One A piece and one B panel per worker, each made on its worker before its tiles.
-    assert sorted(r.extra["panel"] for r in watch.panels) == ["a0.0", "a1.0", "b0", "b1"]
+    assert sorted(r.extra["panel"] for r in watch.panels) == ["a0.0", "a1.0", "b0.0", "b1.0"]
     assert all(r.kind == "panel" for r in watch.panels)
     first_tile = {w: min(t.start for t in watch.tiles if t.worker == w) for w in {t.worker for t in watch.tiles}}
     assert all(r.stop <= first_tile[r.worker] + 1e-3 for r in watch.panels if r.extra["panel"].endswith(".0"))
@@ -400,7 +419,7 @@ def test_distributed_plan_places_tiles_with_their_panels():
     wl = Matmul(MatmulParams(m=30, n=31, k=1000, operands="distributed"))
     plan = wl.plan(facts, 1 << 30, {})
     assert [(p.name, p.worker) for p in plan.panels] == [
-        ("a0.0", "w0"), ("a1.0", "w1"), ("a2.0", "w2"), ("b0", "w0"), ("b1", "w1"), ("b2", "w2")]
+        ("a0.0", "w0"), ("a1.0", "w1"), ("a2.0", "w2"), ("b0.0", "w0"), ("b1.0", "w1"), ("b2.0", "w2")]
     panels = {p.name: p for p in plan.panels}
     assert len(plan.tiles) == 9
     for w in facts:
@@ -416,7 +435,7 @@ def test_distributed_plan_places_tiles_with_their_panels():
 
 
 def test_panel_priorities_put_each_workers_first_tile_first(monkeypatch, tmp_path):
-    from mgpu.runner import panel_priorities
+    from mgpu.runner import panel_priorities, tile_places
     from mgpu.workloads import matmul
 
     monkeypatch.setattr(matmul, "_WRITE_TILE_BYTES", 10 * 31 * 8)  # three row pieces per panel pair
@@ -424,22 +443,23 @@ def test_panel_priorities_put_each_workers_first_tile_first(monkeypatch, tmp_pat
     wl = matmul.Matmul(matmul.MatmulParams(m=90, n=93, k=50, dtype="float64", operands="distributed",
                                            output=str(tmp_path / "c.npy")))
     plan = wl.plan(facts, 1 << 30, {})
-    priority = panel_priorities(plan)
+    priority, places = panel_priorities(plan), tile_places(plan)
     assert set(priority) == {p.name for p in plan.panels}
     for i, w in enumerate(facts):
         mine = [t for t in plan.tiles if t.worker == w]
-        # Dask runs a worker's ready tasks highest priority first: the first tile's A piece
-        # and B panel, then the A pieces in the order its tiles read them.
+        assert [places[t.index] for t in mine] == list(range(len(mine)))
+        # Dask runs a worker's ready tasks highest priority first: the first tile's A and B
+        # pieces, then the other pieces in the order its tiles read them.
         here = [p.name for p in plan.panels if p.worker == w]
         order = sorted(here, key=lambda name: -priority[name])
-        assert set(order[:2]) == set(mine[0].needs) == {f"a{i}.0", f"b{i}"}
-        assert order[2:] == [f"a{i}.1", f"a{i}.2"]
-        # A tile (priority minus its index) goes after the panels it reads and before the
+        assert set(order[:2]) == set(mine[0].needs) == {f"a{i}.0", f"b{i}.0"}
+        assert order[2:] == [f"a{i}.1", f"a{i}.2", f"b{i}.1"]
+        # A tile (priority minus its place) goes after the panels it reads and before the
         # panels made here that only later tiles read.
         for n, t in enumerate(mine):
             read_so_far = {name for u in mine[: n + 1] for name in u.needs}
-            assert all(priority[name] >= -t.index for name in t.needs)
-            assert all(priority[name] < -t.index for name in here if name not in read_so_far)
+            assert all(priority[name] >= -places[t.index] for name in t.needs)
+            assert all(priority[name] < -places[t.index] for name in here if name not in read_so_far)
 
 
 def test_distributed_operands_that_cannot_fit_exit_2(tmp_path, scheduler):

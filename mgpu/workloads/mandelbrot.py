@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from typing import Any, Literal
 
@@ -33,6 +34,9 @@ _ESTIMATE_ROWS, _ESTIMATE_COLS, _ESTIMATE_MAX_ITER = 256, 128, 1000
 _PIXEL_STEPS = 26
 # Bands may be this many times taller than the equal-row bands (see plan()).
 _TALLEST_BAND = 2
+# Per process: the running job's axes on the device (see Mandelbrot._axes_on).
+_AXES: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+_AXES_LOCK = threading.Lock()
 
 
 class MandelbrotOutput(BaseModel):
@@ -137,22 +141,23 @@ class Mandelbrot(Workload):
         p = self.params
         start = time.time()
         r0, r1 = tile.bounds["rows"]
-        bounds = (p.xmin, p.xmax, p.ymin, p.ymax)
-        x, y = mandelbrot_axes(width=p.width, height=p.height, bounds=bounds, rows=(r0, r1), dtype=p.dtype)
         record = self.new_record(dev, tile, start, busy_s=0.0, work=0.0)
+        xd, yd = self._axes_on(dev)
         with dev.on_stream():
-            xd, yd = dev.to_device(x), dev.to_device(y)
             with dev.in_order() as queue, dev.timer(queue) as t:
-                counts = mandelbrot_counts(dev.xp, xd, yd, p.max_iter)
+                counts = mandelbrot_counts(dev.xp, xd, yd[r0:r1], p.max_iter)
             record.marks["queued"] = time.time()
-            record.work = float(counts.sum(dtype=np.int64))
-            record.marks["counted"] = time.time()  # the band's kernel and its sum have run
+            # The sum and the sample are enqueued behind the kernel and fetched after one
+            # wait for the stream (a fetch that waits itself holds up the other bands' threads).
+            total = counts.sum(dtype=np.int64)
             if injected_fault(self.name, tile):
                 counts[0, 0] += 1
-            if self.verify:  # the sampled counts; judge() sets them against the reference
-                rows, cols = _sample(tile, p.width)
-                record.extra["sample"] = dev.to_host(counts[[r - r0 for r in rows]][:, cols])
-                record.marks["sampled"] = time.time()
+            sample = _take_sample(dev.xp, counts, tile, p.width) if self.verify else None
+            dev.synchronize()
+            record.marks["counted"] = time.time()  # the band's kernel, its sum and sample have run
+            record.work = float(dev.to_host(total))
+            if sample is not None:  # judge() sets the sampled counts against the reference
+                record.extra["sample"] = dev.to_host(sample)
             if "counts" in self.sinks:
                 self.sinks["counts"].write((slice(r0, r1), slice(None)), dev.to_host(counts))
                 record.marks["written"] = time.time()
@@ -160,17 +165,33 @@ class Mandelbrot(Workload):
         record.busy_s, record.stop = t.seconds, time.time()
         return record
 
+    def _axes_on(self, dev: Device) -> tuple[Any, Any]:
+        """The job's x (every column) and y (every row) on ``dev``: copied there once per
+        job and process, so a band copies nothing before its kernel (the first bands'
+        copies, each through a new pinned buffer, held their threads ~8 ms)."""
+        p = self.params
+        key = (p.width, p.height, p.xmin, p.xmax, p.ymin, p.ymax, p.dtype)
+        with _AXES_LOCK:
+            if key not in _AXES:
+                _AXES.clear()  # the job before's
+                x, y = mandelbrot_axes(width=p.width, height=p.height, bounds=(p.xmin, p.xmax, p.ymin, p.ymax),
+                                       rows=(0, p.height), dtype=p.dtype)
+                with dev.on_stream():
+                    _AXES[key] = dev.to_device(x), dev.to_device(y)
+                dev.synchronize()  # other threads read them on their own streams
+            return _AXES[key]
+
     def reference(self, plan: Plan) -> dict[int, np.ndarray]:
         """NumPy counts of every tile's sampled pixels, in one pass over all of them."""
         p = self.params
-        samples = {t.index: _sample(t, p.width) for t in plan.tiles}
-        rows = sorted({r for rs, _ in samples.values() for r in rs})
-        cols = next(iter(samples.values()))[1] if samples else np.arange(0)
+        samples = {t.index: _sample(t, p.width)[0] for t in plan.tiles}
+        rows = sorted({r for rs in samples.values() for r in rs})
+        cols = np.arange(0, p.width, _sample(plan.tiles[0], p.width)[1]) if plan.tiles else np.arange(0)
         x, y = mandelbrot_axes(width=p.width, height=p.height, bounds=(p.xmin, p.xmax, p.ymin, p.ymax),
                                rows=(0, p.height), dtype=p.dtype)
         counts = mandelbrot_counts(np, x[cols], y[rows], p.max_iter)
         where = {r: i for i, r in enumerate(rows)}
-        return {index: counts[[where[r] for r in rs]] for index, (rs, _) in samples.items()}
+        return {index: counts[[where[r] for r in rs]] for index, rs in samples.items()}
 
     def judge(self, records: list[TileRecord], reference: dict[int, np.ndarray]) -> None:
         for record in records:
@@ -182,11 +203,14 @@ class Mandelbrot(Workload):
         return f"mandelbrot_{self.params.dtype}"
 
     def warmup(self, dev: Device) -> None:
-        # A tiny band through run_tile itself, checked as the job's bands are: the check's
-        # gather kernels, compiled on first use, otherwise land in the first real bands.
-        small = Mandelbrot(self.params.model_copy(update={"width": 64, "height": 8, "output": None}),
-                           verify=self.verify)
+        # A small band through run_tile itself, checked as the job's bands are: the check's
+        # kernels, compiled or loaded on first use, otherwise land in the first real bands,
+        # and loading a kernel waits for the kernels running. Wide enough (8192 columns)
+        # that its sum takes a large reduction's kernels, not only a small one's.
+        small = Mandelbrot(self.params.model_copy(update={"width": min(self.params.width, 8192), "height": 8,
+                                                          "output": None}), verify=self.verify)
         small.run_tile(dev, Tile(-1, {"rows": (0, 8)}))
+        self._axes_on(dev)
 
     def finish(self, client: Any) -> list[str]:
         png = getattr(self, "png_path", None)
@@ -222,16 +246,23 @@ def row_costs(p: MandelbrotParams) -> np.ndarray:
     return np.interp(at, np.arange(rows), per_row)
 
 
-def _sample(tile: Tile, width: int) -> tuple[list[int], np.ndarray]:
-    """The pixels of a band that are checked: rows (of the image) and columns.
+def _sample(tile: Tile, width: int) -> tuple[list[int], int]:
+    """The pixels of a band that are checked: rows (of the image), and a column step.
 
     The band's first row and one more that varies by tile, over evenly spaced columns
-    (column 0 always among them); a tile passes when every sampled count matches.
+    (every ``step``-th, column 0 among them); a tile passes when every sampled count matches.
     """
     r0, r1 = tile.bounds["rows"]
     rows = sorted({r0, r0 + (tile.index * 7919) % (r1 - r0)})
-    stride = max(1, math.ceil(width / _CHECK_COLUMNS))
-    return rows, np.arange(0, width, stride)
+    return rows, max(1, math.ceil(width / _CHECK_COLUMNS))
+
+
+def _take_sample(xp: Any, counts: Any, tile: Tile, width: int) -> Any:
+    """The band's sampled counts (see :func:`_sample`), gathered on its device by views
+    (no index array to copy there)."""
+    rows, step = _sample(tile, width)
+    r0 = tile.bounds["rows"][0]
+    return xp.stack([counts[r - r0, ::step] for r in rows])
 
 
 def render_png(counts_path: str, png_path: str, max_iter: int, partial: str | None = None) -> None:
