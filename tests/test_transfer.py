@@ -102,7 +102,7 @@ def test_distributed_plan_with_an_output_overlaps_writes(monkeypatch, tmp_path):
     facts = {f"w{i}": DeviceFacts("cpu", i, "cpu", 1 << 30, 1 << 30, "h") for i in range(2)}
     wl = Matmul(MatmulParams(m=400, n=100, k=64, dtype="float64", operands="distributed",
                              output=str(tmp_path / "c.npy")))
-    assert wl.concurrency == 2  # one tile writes while the other computes
+    assert wl.concurrency == 3  # tiles write while another computes
     plan = wl.plan(facts, 1 << 30, {})
     # Each (A_i, B_j) block of 200 x 50 float64 is cut into row pieces of at most 100 x 50,
     # and those into two column pieces.
@@ -138,11 +138,11 @@ def test_distributed_budget_counts_panels_once_and_each_running_tile(tmp_path):
                              output=str(tmp_path / "c.npy")))
     plan = wl.plan(facts, 64 << 20, {})
     panels = 4 * (1000 * 2000 + 2000 * 1000)
-    assert plan.working_set > panels and plan.budget == 2 * (64 << 20)
+    assert wl.concurrency == 3 and plan.working_set > panels and plan.budget == 3 * (64 << 20)
     from mgpu.errors import JobInputError
 
     with pytest.raises(JobInputError, match="memory_limit"):
-        wl.plan(facts, panels // 2, {})  # the budget per tile task: two tasks could not hold the panels
+        wl.plan(facts, panels // 2, {})  # the budget per tile task: three could not hold the panels and tiles
 
 
 def test_the_bound_is_the_slower_of_compute_and_pcie():

@@ -32,9 +32,14 @@ _CUBLAS_TF32_TENSOR_OP_MATH = 3
 # Rows of a peer's B panel per copy: small enough to start computing soon, large enough
 # that each gemm stays efficient.
 _PEER_BLOCK = 4096
-# With an output file, distributed tiles are cut to about this many bytes of C, two run on
-# each GPU at once, and one tile's copy into the file overlaps the other's product.
+# With an output file, distributed tiles are cut to about this many bytes of C, and
+# _WRITING_TILES run on each GPU at once: their products take turns, and the copies of C
+# into the file overlap them.
 _WRITE_TILE_BYTES = 512 << 20
+# Three, not two: early in a job a tile's write (0.15-0.18 s while the panels are still
+# being read, against 0.12 s for its product on an H200) held both slots of two, and the
+# GPU waited (session 7).
+_WRITING_TILES = 3
 # With an output file, each device's B panel is made in this many column pieces: the first
 # product waits for a piece, not the whole panel (reading a 4.8 GB column panel of B from a
 # file took 0.36 s on an H200 host, session 7), and the tiles, so the last write, are smaller.
@@ -138,7 +143,7 @@ class Matmul(Workload):
         self.tk = params.k
         self.tile_shape = (64, 64, 64)  # set by plan(); the warm-up's size follows it
         if params.operands == "distributed" and params.output:
-            self.concurrency = 2  # one tile writes its C into the file while the other computes
+            self.concurrency = _WRITING_TILES  # tiles write their C into the file while another computes
 
     def host_bytes(self) -> int | None:
         p = self.params
@@ -202,8 +207,8 @@ class Matmul(Workload):
         Each device computes its own row of tiles, its own B panel's tiles first, so the
         copies of the other panels overlap those products. With an output file the tiles
         are cut into row pieces of about ``_WRITE_TILE_BYTES`` of C, and those in
-        ``_B_PARTS`` column pieces, two tiles at once per device (see ``concurrency``), so
-        writing one overlaps computing the next. A_i and B_i are made in the same pieces,
+        ``_B_PARTS`` column pieces, several tiles at once per device (see ``concurrency``),
+        so writing one overlaps computing the next. A_i and B_i are made in the same pieces,
         a panel each: a tile waits for its own rows of A and columns of B only, and the
         last tile's write, which nothing overlaps, is a small one.
         ``budget`` is per tile task; the device holds its panels once and ``concurrency``
@@ -285,7 +290,7 @@ class Matmul(Workload):
         with dev.on_stream(), _tf32(dev, p.precision == "tf32"):
             if b is not None:
                 c = xp.empty((r1 - r0, c1 - c0), dtype=p.dtype)
-                # In order with the other tile on this device (see concurrency): products
+                # In order with the other tiles on this device (see concurrency): products
                 # run one at a time, so one tile's C is written while the next multiplies.
                 with dev.in_order() as queue, dev.timer(queue) as t:
                     xp.matmul(a, b, out=c)
