@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from . import kernels
+
 __all__ = ["Device", "DeviceFacts", "Timing", "current", "install", "visible_gpu_count"]
 
 
@@ -204,10 +206,8 @@ class Device:
         """Copy a device array to the host (a no-op on the CPU), counting the bytes."""
         if not self.is_gpu:
             return np.asarray(arr)
-        # Wait for the stream, then copy: a copy that waits for the GPU itself holds up the
-        # other threads' CUDA calls meanwhile (see mgpu.kernels.to_host).
-        self.synchronize()
-        out = arr.get(stream=self.stream)
+        with self.on_stream():  # the wait, then the copy: see mgpu.kernels.to_host
+            out = kernels.to_host(self.xp, arr)
         self._count("d2h", out.nbytes)
         return out
 

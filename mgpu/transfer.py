@@ -62,9 +62,9 @@ def read_method(contiguous: bool = True) -> str:
 
     ``mgpu.transfer.read`` picks one for every block, or ``"auto"`` (the default): pread
     for a block that is contiguous in the file (whole rows, or a range of a vector), a
-    memory map for a column block. On two H200 workers reading at once (session 7) pread
-    moved whole rows at 28-32 GB/s, a column half (a B panel, a read per 96 KiB row) at
-    8-10 GB/s; copying a column half from a map moved 27-39 GB/s (session 4).
+    memory map for a column block. In the out-of-core matmul on two H200 workers (session
+    7) pread moved whole rows at 22-32 GB/s and B's column panels (a read per 96 KiB row)
+    at 7-10 GB/s; copied from a map, those panels moved 13-17 GB/s.
 
     Raises
     ------
