@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-from . import alloc_stats
+from . import alloc_stats, transfer
 from . import device as _device
 from .cluster import ClusterInfo, describe_workers, open_cluster, resolve_cluster, scheduler_address
 from .errors import JobFailed, JobInputError
@@ -270,6 +270,10 @@ def run_jobs(jobs: Sequence[Job], events: Events | None = None, *, security: Any
         A task failed, or every worker was lost.
     """
     events = events or Events()
+    try:
+        transfer.check_config()
+    except ValueError as e:
+        raise JobInputError(str(e)) from None
     check_one_cluster(jobs)
     resolved = resolve_cluster(jobs[0].cluster)
     check_tls(scheduler_address(resolved.scheduler) if resolved.scheduler else None, security)

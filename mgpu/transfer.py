@@ -31,8 +31,9 @@ from typing import Any, Callable
 
 import dask.config
 import numpy as np
+from dask.utils import parse_bytes
 
-__all__ = ["FileBlock", "Stager", "load", "ready_buffers", "read_method", "store"]
+__all__ = ["FileBlock", "Stager", "check_config", "chunk_size", "load", "ready_buffers", "read_method", "store"]
 
 CHUNK_BYTES = 16 << 20  # per DMA: long enough to run at the full PCIe rate (~0.3 ms)
 BUFFERS = 2  # per host thread: one being filled while the other's DMA runs
@@ -51,9 +52,21 @@ def host_threads() -> int:
     On the H200 hosts measured (benchmarks/host_io.py, a fresh map of a file in the page
     cache into pinned memory), one thread moves 7-9 GB/s, 8 move 35-46 and 16 move 45-55,
     with two processes (two workers) copying at once.
+
+    Raises
+    ------
+    ValueError
+        If the key holds anything but a positive whole number.
     """
     default = min(16, max(2, len(os.sched_getaffinity(0)) // 2))
-    return max(1, int(dask.config.get("mgpu.transfer.host-threads", default=default)))
+    value = dask.config.get("mgpu.transfer.host-threads", default=default)
+    try:
+        n = int(value) if not isinstance(value, (bool, float)) else 0
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"mgpu.transfer.host-threads: {value!r} is not a positive whole number")
+    return n
 
 
 def read_method(contiguous: bool = True) -> str:
@@ -77,6 +90,41 @@ def read_method(contiguous: bool = True) -> str:
     if value == "auto":
         return "pread" if contiguous else "mmap"
     return value
+
+
+def chunk_size() -> int:
+    """Bytes per staged chunk, one DMA (``mgpu.transfer.chunk-bytes``, by default 16 MiB).
+
+    Reading a dot's files on two H200 workers (session 8), 16, 32 and 64 MiB moved the same
+    (42-45 GB/s in all); 4 MiB lost a quarter and 1 MiB four fifths (a chunk's own cost).
+
+    Raises
+    ------
+    ValueError
+        If the key holds anything but a positive number of bytes.
+    """
+    value = dask.config.get("mgpu.transfer.chunk-bytes", default=CHUNK_BYTES)
+    try:
+        nbytes = parse_bytes(value) if isinstance(value, str) else value
+    except ValueError:
+        nbytes = None
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 1:
+        raise ValueError(f"mgpu.transfer.chunk-bytes: {value!r} is not a positive number of bytes (e.g. 16MiB)")
+    return nbytes
+
+
+def check_config() -> None:
+    """Check every ``mgpu.transfer`` key before a job starts, so a bad value is named once
+    on the client rather than raised in the workers' tasks.
+
+    Raises
+    ------
+    ValueError
+        Naming the key and what it may hold.
+    """
+    read_method()
+    chunk_size()
+    host_threads()
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -218,14 +266,16 @@ def _buffers(nbytes: int) -> _Buffers:
     return b
 
 
-def ready_buffers(nbytes: int = CHUNK_BYTES, timeout: float = 10.0) -> None:
-    """Make every host thread's pinned buffers (of ``nbytes`` each) now, ahead of a job.
+def ready_buffers(nbytes: int | None = None, timeout: float = 10.0) -> None:
+    """Make every host thread's pinned buffers (of ``nbytes`` each, by default
+    :func:`chunk_size`) now, ahead of a job.
 
     One task per pool thread, each held at a barrier until all have made theirs, so that
     no thread takes two tasks and none is left without. A barrier not met in ``timeout``
     seconds (a thread busy with another task) leaves the rest to their first chunk.
     """
     n = host_threads()
+    nbytes = nbytes or chunk_size()
     barrier = threading.Barrier(n, timeout=timeout)
 
     def one() -> None:
@@ -248,12 +298,13 @@ class Stager:
         The worker's :class:`~mgpu.device.Device`; bytes and DMA times are counted on it
         (for the calling thread, as its tile's copies).
     chunk_bytes
-        Bytes per chunk (one DMA); every host thread keeps two pinned buffers of it.
+        Bytes per chunk (one DMA; by default :func:`chunk_size`); every host thread keeps
+        two pinned buffers of it.
     """
 
-    def __init__(self, dev: Any, chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(self, dev: Any, chunk_bytes: int | None = None) -> None:
         self.dev = dev
-        self.chunk_bytes = chunk_bytes
+        self.chunk_bytes = chunk_bytes or chunk_size()
 
     def load(self, dst: Any, src: np.ndarray | FileBlock, stream: Any = None) -> int:
         """Copy host ``src`` (any strides, or a :class:`FileBlock`) into device ``dst``

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import dask.config
 import numpy as np
 import pytest
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -457,6 +458,32 @@ def test_ready_buffers_gives_every_host_thread_its_own(monkeypatch):
     assert len(made) == 4  # each thread keeps its buffers
 
 
+def test_the_chunk_size_comes_from_the_config(monkeypatch):
+    dev, stream = _stand_in_gpu(monkeypatch, 2)
+    src = np.arange(100 * 40, dtype=np.float32).reshape(100, 40)
+    dst = np.zeros_like(src).view(_DeviceArray)
+    # 10 rows of 40 float32 a chunk: 10 DMAs, each counted, and buffers of that size made ahead.
+    with dask.config.set({"mgpu.transfer.chunk-bytes": 10 * 40 * 4}):
+        counted: list[int] = []
+        monkeypatch.setattr(dev, "count_copy", lambda kind, nbytes, *events: counted.append(nbytes))
+        transfer.Stager(dev).load(dst, src, stream)
+        transfer.ready_buffers()
+    _run_copies(stream)
+    assert np.array_equal(np.asarray(dst), src)
+    assert counted == [10 * 40 * 4] * 10
+    assert transfer._pool().submit(lambda: transfer._LOCAL.buffers.nbytes).result() == 10 * 40 * 4
+    assert transfer.chunk_size() == transfer.CHUNK_BYTES  # outside the setting: the default
+    with dask.config.set({"mgpu.transfer.chunk-bytes": "32MiB"}):
+        assert transfer.chunk_size() == 32 << 20
+
+
+@pytest.mark.parametrize("value", [0, -5, "lots", 1.5])
+def test_a_bad_chunk_size_is_named(value):
+    with dask.config.set({"mgpu.transfer.chunk-bytes": value}):
+        with pytest.raises(ValueError, match="mgpu.transfer.chunk-bytes: .* is not a positive number of bytes"):
+            transfer.chunk_size()
+
+
 def test_ready_buffers_does_not_wait_for_a_busy_thread(monkeypatch):
     import time
 
@@ -602,3 +629,23 @@ def test_only_file_jobs_on_gpus_make_the_pinned_buffers_in_their_warm_up(monkeyp
     for wl in (Dot(DotParams(n=10)), Matmul(MatmulParams(m=6, n=4, k=5))):
         wl.warmup(gpu)
     assert len(readied) == 2  # once per file job, on the GPU
+
+
+@pytest.mark.parametrize("key,value,says", [
+    ("chunk-bytes", "lots", "mgpu.transfer.chunk-bytes: 'lots' is not a positive number of bytes"),
+    ("host-threads", 0, "mgpu.transfer.host-threads: 0 is not a positive whole number"),
+    ("read", "mapped", "mgpu.transfer.read: 'mapped' is not one of auto, pread, mmap"),
+])
+def test_a_bad_transfer_setting_stops_the_submit_before_anything_starts(tmp_path, key, value, says):
+    import dask.config
+
+    from conftest import invoke
+
+    out = tmp_path / "c.npy"
+    doc = {"workload": "matmul", "params": {"m": 8, "n": 8, "k": 8, "output": str(out)}}
+    job = write_job(tmp_path / "job.yaml", doc)
+    with dask.config.set({f"mgpu.transfer.{key}": value}):
+        res = invoke("submit", job, "--json", tmp_path / "r.json", "-q")
+    assert res.code == 2 and says in res.stderr
+    assert "Traceback" not in res.output + res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]  # no result, no output, no partial file
