@@ -14,6 +14,9 @@ costs only its own figures:
 - ``reference``: C's sampled rows and x·y in float64 on the CPU, from the files;
 - ``ceilings``: each GPU alone, CuPy: float32 GEMM at 16384³ and a 4 GiB pinned
   host->device copy (skipped without a GPU);
+- ``host-routes``: ``gpus_from_files.py`` on x and y, no Dask, every GPU at once: the
+  DMA alone, the host's own copy, the file read alone and the staged route (the dot's
+  ceiling on this host; skipped without a GPU);
 - ``mgpu-matmul``: ``python -m mgpu submit`` of C = A @ B from the files with
   ``params.operands: distributed`` and ``cluster.memory_limit: BUDGET``, C to SCRATCH/c.npy;
 - ``mgpu-matmul-per-tile``: the same with ``operands: per-tile``, for the naive PCIe
@@ -56,7 +59,15 @@ SCRIPT = Path(__file__).resolve()
 ROOT = SCRIPT.parents[1]
 DTYPE = "float32"
 SEED = 0
-STEPS = ("inputs", "reference", "ceilings", "mgpu-matmul", "mgpu-matmul-per-tile", "mgpu-dot", "cublasxt")
+STEPS = ("inputs", "reference", "ceilings", "host-routes", "mgpu-matmul", "mgpu-matmul-per-tile", "mgpu-dot",
+         "cublasxt")
+PROBE = SCRIPT.parent / "gpus_from_files.py"
+HOST_ROUTES = {  # gpus_from_files.py's methods, as the table names them
+    "dma-only": "host: pinned -> GPUs, the DMA alone",
+    "memcpy": "host: memory -> memory, the copy alone",
+    "copy-pread": "host: file -> pinned (pread), no DMA",
+    "pread": "host: file -> GPUs, staged (pread + DMA)",
+}
 SIZES = {  # (full, quick)
     "n": (49152, 8192),
     "ceil_n": (16384, 4096),
@@ -140,6 +151,14 @@ def dot_share(nbytes: float, seconds: float | None, n_gpus: int, h2d_gbps: float
     gbps = nbytes / seconds / 1e9 if seconds else None
     limit = n_gpus * h2d_gbps if h2d_gbps else None
     return {"gbps": gbps, "limit_gbps": limit, "share": gbps / limit if gbps and limit else None}
+
+
+def host_routes(out: dict[str, Any] | None) -> dict[str, float]:
+    """The best GB/s of each of gpus_from_files.py's routes (every GPU at once), by method."""
+    best: dict[str, float] = {}
+    for run in (out or {}).get("runs") or []:
+        best[run["method"]] = max(best.get(run["method"], 0.0), run["gbps"])
+    return best
 
 
 def pcie_bytes(result: dict[str, Any] | None) -> int | None:
@@ -505,10 +524,14 @@ def plan_steps(cfg: dict[str, Any]) -> list[Step]:
     me = [sys.executable, str(SCRIPT), str(outdir), "--child"]
     n, length = cfg["n"], cfg["dot_n"]
     gb = 4 * (3 * n * n + 2 * length) / 1e9  # every byte of every file, A to y
+    p = _paths(cfg)
+    routes = [sys.executable, str(PROBE), str(p["x"]), str(p["y"]), "--gpus", str(len(cfg["devices"])),
+              "--methods", "pread", "--chunks", "16", "--repeat", "1", "--json", str(raw / "host-routes.json")]
     steps = [
         Step("inputs", me + ["inputs"], 300 + 5 * gb, _parse_child, raw / "inputs.json"),
         Step("reference", me + ["reference"], 300 + 3 * gb, _parse_child, raw / "reference.json"),
         Step("ceilings", me + ["ceilings"], 300, _parse_child, raw / "ceilings.json"),
+        Step("host-routes", routes, 120 + gb, _parse_child, raw / "host-routes.json"),
     ]
     jobs = write_jobs(cfg)
     for name in ("mgpu-matmul", "mgpu-matmul-per-tile", "mgpu-dot"):
@@ -569,8 +592,12 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         per_tile_planned = tiled_matmul_bytes(n, n, n, shape["m"], shape["n"], itemsize)
     dot_bytes = 2 * itemsize * length
     dot_sum = _mgpu_summary(dot, None, dot_bytes)
+    host = host_routes(steps.get("host-routes", {}).get("out"))
     if dot_sum:
         dot_sum.update(dot_share(dot_bytes, dot_sum["seconds"], n_gpus, h2d))
+        # What the host moved from the files by itself: the read alone or the staged route, the faster.
+        best = max(host.get("copy-pread", 0.0), host.get("pread", 0.0))
+        dot_sum["share_of_host_route"] = dot_sum["gbps"] / best if dot_sum["gbps"] and best else None
         ref = (steps.get("reference", {}).get("out") or {}).get("dot")
         if ref is not None and dot_sum.get("value") is not None:
             dot_sum["rel_error_vs_float64"] = abs(dot_sum["value"] - ref) / max(abs(ref), 1e-300)
@@ -589,6 +616,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "pcie": {"minimum": min_bytes, "distributed": pcie_bytes(mm), "per_tile": pcie_bytes(pt),
                  "per_tile_planned": per_tile_planned, "dot": pcie_bytes(dot), "dot_minimum": dot_bytes},
         "dot": dot_sum,
+        "host_routes": host,
         "inputs": steps.get("inputs", {}).get("out"),
     }
 
@@ -659,6 +687,13 @@ def print_table(s: dict[str, Any]) -> None:
         table.add_row("mgpu dot from files", _fmt(dot["seconds"], ".3g"), _fmt(dot["gbps"], ".4g"), "GB/s",
                       _fmt(dot["share"], ".1%"), "", f"of {_fmt(dot['limit_gbps'], '.4g')} GB/s ({s['n_gpus']} x pinned "
                       f"H2D); PCIe {format_bytes(pcie['dot'] or 0)} of {format_bytes(pcie['dot_minimum'])}")
+        if dot.get("share_of_host_route"):
+            table.add_row("mgpu dot, share of the host's route", "", _fmt(dot["share_of_host_route"], ".1%"), "",
+                          "", "", "of the faster host route from the files, no Dask (below)")
+    for method, label in HOST_ROUTES.items():
+        if method in s["host_routes"]:
+            table.add_row(label, "", _fmt(s["host_routes"][method], ".4g"), "GB/s", "", "",
+                          "x and y, every GPU at once, no Dask (gpus_from_files.py)")
     inputs = s["inputs"] or {}
     if inputs.get("seconds"):
         table.add_row("making the input files", _fmt(inputs["seconds"], ".3g"), format_bytes(inputs["bytes"]), "", "",

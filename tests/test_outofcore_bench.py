@@ -1,6 +1,7 @@
-"""benchmarks/outofcore.py and benchmarks/cublasxt.py on CPU: the bound and share arithmetic,
-cuBLASXt's row-major -> column-major argument mapping checked with NumPy, and one real run
-of the benchmark on CPU workers (cuBLASXt and the GPU ceilings skipped)."""
+"""benchmarks/outofcore.py, benchmarks/cublasxt.py and benchmarks/gpus_from_files.py on CPU:
+the bound and share arithmetic, cuBLASXt's row-major -> column-major argument mapping
+checked with NumPy, the host-routes probe's tiles, and one real run of the benchmark on CPU
+workers (cuBLASXt, the GPU ceilings and the host routes skipped)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def _load(name: str):
 
 oc = _load("outofcore")
 xt = _load("cublasxt")
+routes = _load("gpus_from_files")
 
 
 def _gpu_count() -> int:
@@ -165,6 +167,9 @@ def test_summary_of_a_gpu_run(capsys):
         "mgpu-matmul-per-tile": {"result": _result(4.8e-4, plan={"tile_shape": {"m": 500, "n": 250, "k": 1000}})},
         "mgpu-dot": {"result": _result(1e-4, value=2.0)},
         "reference": {"out": {"dot": 2.0}},
+        "host-routes": {"out": {"status": "measured", "runs": [
+            {"method": "dma-only", "gbps": 200.0}, {"method": "copy-pread", "gbps": 90.0},
+            {"method": "copy-pread", "gbps": 100.0}, {"method": "pread", "gbps": 95.0}]}},
         "cublasxt": {"out": {"status": "ran", "runs": [
             {"host": "pageable", "block_dim": 512, "seconds": 7.2e-4, "tflops": 2.78},
             {"host": "pageable", "block_dim": 256, "seconds": 9e-4, "tflops": 2.2},
@@ -186,10 +191,15 @@ def test_summary_of_a_gpu_run(capsys):
                          "per_tile_planned": 28_000_000, "dot": 12_000_000, "dot_minimum": 8_000_000}
     assert s["dot"]["gbps"] == pytest.approx(80.0) and s["dot"]["share"] == pytest.approx(0.8)
     assert s["dot"]["rel_error_vs_float64"] == 0.0
+    # The best of each host route; the dot against the faster of the file routes (not the DMA's).
+    assert s["host_routes"] == {"dma-only": 200.0, "copy-pread": 100.0, "pread": 95.0}
+    assert s["dot"]["share_of_host_route"] == pytest.approx(0.8)
     oc.print_table(s)
     shown = capsys.readouterr().out
     assert "pcie-bound" in shown and "cuBLASXt, pinned, block 512" in shown
     assert "3.00 pageable, 1.50 pinned" in shown and "80.0%" in shown
+    assert "mgpu dot, share of the host's route" in shown and "host: file -> pinned (pread), no DMA" in shown
+    assert "host: memory -> memory" not in shown  # not measured in this run
 
 
 # -- cuBLASXt's arguments --------------------------------------------------------------------
@@ -299,6 +309,8 @@ def test_quick_run_on_cpu_workers(tmp_path):
     assert result["job"]["params"]["operands"] == "distributed"
     assert steps["cublasxt"]["out"]["status"] == "skipped: no GPU"
     assert steps["ceilings"]["out"]["status"] == "skipped: no GPU"
+    assert steps["host-routes"]["out"] == {"status": "skipped: no GPU", "runs": []}
+    assert "x.npy" in steps["host-routes"]["cmd"] and "gpus_from_files.py" in steps["host-routes"]["cmd"]
     # The C mgpu wrote is A @ B of the files.
     a, b = np.load(scratch / "a.npy"), np.load(scratch / "b.npy")
     assert a.shape == b.shape == (256, 256) and a.dtype == np.float32
@@ -329,6 +341,20 @@ def test_quick_run_on_cpu_workers(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert json.loads((out / "outofcore.json").read_text())["steps"]["inputs"]["out"]["status"] == "reused"
     assert sorted(os.listdir(scratch)) == []
+
+
+def test_the_host_routes_probe_moves_the_dot_jobs_tiles(tmp_path):
+    # 1000 float32 of x and y under 2400 B per device: 300 elements of each a tile at most,
+    # so each of 2 GPUs gets its half in 2 tiles at least.
+    for name in "xy":
+        np.save(tmp_path / f"{name}.npy", np.zeros(1000, np.float32))
+    spans = routes.dot_spans(str(tmp_path / "x.npy"), str(tmp_path / "y.npy"), 2, 2400)
+    assert len(spans) == 2 and all(len(per_gpu) >= 2 for per_gpu in spans)
+    flat = [t for per_gpu in spans for t in per_gpu]
+    assert flat[0][0] == 0 and flat[-1][1] == 1000  # in order, end to end, no gap or overlap
+    assert all(a[1] == b[0] for a, b in zip(flat, flat[1:]))
+    assert all(2 * 4 * (hi - lo) <= 2400 for lo, hi in flat)
+    assert spans[0][-1][1] == 500  # each GPU its contiguous half, as the job places them
 
 
 def test_the_inputs_are_read_once_whole_after_they_are_written(tmp_path, monkeypatch):
