@@ -77,7 +77,9 @@ def _worker(gpu: int, spans: list[tuple[int, int]], paths: list[str], plan: list
     pinned = np.frombuffer(cupy.cuda.alloc_pinned_memory(1 << 30), np.uint8, 1 << 30)
     plain = [np.ones(1 << 30, np.uint8) for _ in range(2)]
     for v in plan:
-        transfer._POOL = None  # a pool of this variant's size
+        if transfer._POOL is not None and transfer._POOL._max_workers != v["threads"]:
+            transfer._POOL.shutdown()  # its threads' pinned buffers go with them
+            transfer._POOL = None  # the next is made at this variant's size
         with dask.config.set({"mgpu.transfer.host-threads": v["threads"]}):
             transfer.ready_buffers(_staged_chunk(v))
             barrier.wait()
@@ -117,15 +119,15 @@ def _run(v: dict[str, Any], paths: list[str], spans: list[tuple[int, int]], dst:
     for a, b in spans:
         for path in paths:
             if v["method"] == "copy-pread":  # file -> each thread's pinned buffer, no DMA
+                block = transfer.FileBlock(path, offset, (n,), dtype, (a, b))
                 fd = os.open(path, os.O_RDONLY)
-                start = offset + a * dtype.itemsize
 
                 def one(lo: int, hi: int) -> None:
-                    buf = transfer._buffers(chunk).take((1, hi - lo), np.dtype(np.uint8))[1]
-                    os.preadv(fd, [memoryview(buf.reshape(-1))], start + lo)
+                    buf = transfer._buffers(chunk).take((hi - lo, 1), dtype)[1]
+                    block[slice(lo, hi)].fill(buf, fd)
 
                 # On mgpu's pool, whose threads made their pinned buffers before the clock started.
-                _threaded(threads, chunk, (b - a) * dtype.itemsize, one, transfer._pool())
+                _threaded(threads, chunk // dtype.itemsize, b - a, one, transfer._pool())
                 os.close(fd)
                 moved += (b - a) * dtype.itemsize
             elif v["method"] == "hmm":
@@ -258,13 +260,14 @@ def _staged_chunk(v: dict[str, Any]) -> int:
     return 16 << 20 if v["method"] == "hybrid" else v["chunk"] << 20
 
 
-def _threaded(threads: int, chunk: int, nbytes: int, fn: Any, pool: ThreadPoolExecutor | None = None) -> None:
-    """``fn(lo, hi)`` for every chunk of ``nbytes``, on ``pool`` or a new one of ``threads`` threads."""
+def _threaded(threads: int, step: int, total: int, fn: Any, pool: ThreadPoolExecutor | None = None) -> None:
+    """``fn(lo, hi)`` for every range of ``step`` (bytes or elements) over ``range(total)``,
+    on ``pool`` or a new one of ``threads`` threads."""
     if pool is not None:
-        list(pool.map(lambda lo: fn(lo, min(nbytes, lo + chunk)), range(0, nbytes, chunk)))
+        list(pool.map(lambda lo: fn(lo, min(total, lo + step)), range(0, total, step)))
         return
     with ThreadPoolExecutor(threads) as own:
-        _threaded(threads, chunk, nbytes, fn, own)
+        _threaded(threads, step, total, fn, own)
 
 
 @click.command()

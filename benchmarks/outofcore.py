@@ -331,15 +331,14 @@ def _read_once(paths: list[Path], threads: int = 8, piece: int = 64 << 20) -> fl
     """Read every byte of ``paths`` once, ``threads`` ranges of each file at a time; the seconds."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from mgpu.transfer import _pread_exactly
+
     def read(path: Path, lo: int, hi: int) -> None:
         buf = memoryview(bytearray(piece))
         fd = os.open(path, os.O_RDONLY)
         try:
-            while lo < hi:
-                got = os.preadv(fd, [buf[: min(piece, hi - lo)]], lo)
-                if got == 0:
-                    break
-                lo += got
+            for at in range(lo, hi, piece):
+                _pread_exactly(fd, buf[: min(piece, hi - at)], at, str(path))
         finally:
             os.close(fd)
 
