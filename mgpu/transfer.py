@@ -62,7 +62,7 @@ def host_threads() -> int:
     value = dask.config.get("mgpu.transfer.host-threads", default=default)
     try:
         n = int(value) if not isinstance(value, (bool, float)) else 0
-    except ValueError:
+    except (TypeError, ValueError):  # None, a list, "many"
         n = 0
     if n < 1:
         raise ValueError(f"mgpu.transfer.host-threads: {value!r} is not a positive whole number")

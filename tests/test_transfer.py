@@ -634,6 +634,7 @@ def test_only_file_jobs_on_gpus_make_the_pinned_buffers_in_their_warm_up(monkeyp
 @pytest.mark.parametrize("key,value,says", [
     ("chunk-bytes", "lots", "mgpu.transfer.chunk-bytes: 'lots' is not a positive number of bytes"),
     ("host-threads", 0, "mgpu.transfer.host-threads: 0 is not a positive whole number"),
+    ("host-threads", None, "mgpu.transfer.host-threads: None is not a positive whole number"),
     ("read", "mapped", "mgpu.transfer.read: 'mapped' is not one of auto, pread, mmap"),
 ])
 def test_a_bad_transfer_setting_stops_the_submit_before_anything_starts(tmp_path, key, value, says):
