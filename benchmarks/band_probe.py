@@ -26,8 +26,8 @@ from typing import Any
 import click
 import numpy as np
 
-from mgpu import plugins
 from mgpu import device as _device
+from mgpu import plugins
 from mgpu.spec import load_job
 from mgpu.workloads import get_workload_class
 from mgpu.workloads import mandelbrot as mb
@@ -90,8 +90,9 @@ def _waiting_fetch_run_tile(self: mb.Mandelbrot, dev: Any, tile: Any, panels: An
     p = self.params
     start = time.time()
     r0, r1 = tile.bounds["rows"]
-    x, y = mb.mandelbrot_axes(width=p.width, height=p.height, bounds=(p.xmin, p.xmax, p.ymin, p.ymax),
-                              rows=(r0, r1), dtype=p.dtype)
+    x, y = mb.mandelbrot_axes(
+        width=p.width, height=p.height, bounds=(p.xmin, p.xmax, p.ymin, p.ymax), rows=(r0, r1), dtype=p.dtype
+    )
     record = self.new_record(dev, tile, start, busy_s=0.0, work=0.0)
     with dev.on_stream():
         xd, yd = dev.to_device(x), dev.to_device(y)
@@ -158,9 +159,11 @@ def main(job_path: str, allocator: str, threads: int, check: str, json_path: Pat
     workload.judge(records, workload.reference(plan))
     busy = sum(r.busy_s for r in records)
     giter = sum(r.work for r in records) / 1e9
-    print(f"{allocator} allocator, {threads} threads, check {check}: {len(records)} bands in {wall:.3f} s, "
-          f"kernels {busy:.3f} s ({busy / wall:.1%} of the wall), {giter / wall:.0f} Giter/s, "
-          f"checks {'passed' if all(r.verify_ok for r in records) else 'FAILED'}")
+    print(
+        f"{allocator} allocator, {threads} threads, check {check}: {len(records)} bands in {wall:.3f} s, "
+        f"kernels {busy:.3f} s ({busy / wall:.1%} of the wall), {giter / wall:.0f} Giter/s, "
+        f"checks {'passed' if all(r.verify_ok for r in records) else 'FAILED'}"
+    )
     order = ["start", "to_device", "to_device2", "lock_wanted", "lock_held", "launched", "lock_freed", "stop"]
     gaps: dict[str, list[float]] = {}
     for steps in _STEPS.values():
@@ -170,20 +173,35 @@ def main(job_path: str, allocator: str, threads: int, check: str, json_path: Pat
     for name, values in gaps.items():
         print(f"  {name:28s} median {np.median(values) * 1e3:7.2f} ms  max {max(values) * 1e3:7.2f} ms")
     total_lag = sum(late for _, late in lags)
-    print(f"  GIL watcher: {len(lags)} wakes late by > 2 ms, {total_lag * 1e3:.1f} ms in all, "
-          f"longest {max((late for _, late in lags), default=0) * 1e3:.1f} ms")
+    print(
+        f"  GIL watcher: {len(lags)} wakes late by > 2 ms, {total_lag * 1e3:.1f} ms in all, "
+        f"longest {max((late for _, late in lags), default=0) * 1e3:.1f} ms"
+    )
     print(f"  {'band':>4s} " + " ".join(f"{s:>11s}" for s in order) + "  (ms from the first start)")
     first = min(s["start"] for s in _STEPS.values())
     for band, steps in sorted(_STEPS.items(), key=lambda kv: kv[1]["start"]):
-        print(f"  {band:4d} " + " ".join(f"{(steps[s] - first) * 1e3:11.1f}" if s in steps else f"{'':11s}"
-                                         for s in order))
+        print(
+            f"  {band:4d} "
+            + " ".join(f"{(steps[s] - first) * 1e3:11.1f}" if s in steps else f"{'':11s}" for s in order)
+        )
     if json_path:
-        json_path.write_text(json.dumps({
-            "allocator": allocator, "threads": threads, "check": check, "wall_s": wall, "busy_s": busy,
-            "giter_per_s": giter / wall, "steps": {str(k): v for k, v in _STEPS.items()},
-            "marks": {str(r.index): {**r.marks, "start": r.start, "stop": r.stop} for r in records},
-            "lags": lags, "cupy": cupy.__version__,
-        }, indent=1))
+        json_path.write_text(
+            json.dumps(
+                {
+                    "allocator": allocator,
+                    "threads": threads,
+                    "check": check,
+                    "wall_s": wall,
+                    "busy_s": busy,
+                    "giter_per_s": giter / wall,
+                    "steps": {str(k): v for k, v in _STEPS.items()},
+                    "marks": {str(r.index): {**r.marks, "start": r.start, "stop": r.stop} for r in records},
+                    "lags": lags,
+                    "cupy": cupy.__version__,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ import ctypes.util
 import functools
 import os
 import time
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -31,9 +32,15 @@ CUBLASXT_PINNING_ENABLED = 1  # cublasXtPinnedMemMode_t
 
 # cublasStatus_t values (cublas_api.h).
 _STATUS = {
-    0: "CUBLAS_STATUS_SUCCESS", 1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED",
-    7: "CUBLAS_STATUS_INVALID_VALUE", 8: "CUBLAS_STATUS_ARCH_MISMATCH", 11: "CUBLAS_STATUS_MAPPING_ERROR",
-    13: "CUBLAS_STATUS_EXECUTION_FAILED", 14: "CUBLAS_STATUS_INTERNAL_ERROR", 15: "CUBLAS_STATUS_NOT_SUPPORTED",
+    0: "CUBLAS_STATUS_SUCCESS",
+    1: "CUBLAS_STATUS_NOT_INITIALIZED",
+    3: "CUBLAS_STATUS_ALLOC_FAILED",
+    7: "CUBLAS_STATUS_INVALID_VALUE",
+    8: "CUBLAS_STATUS_ARCH_MISMATCH",
+    11: "CUBLAS_STATUS_MAPPING_ERROR",
+    13: "CUBLAS_STATUS_EXECUTION_FAILED",
+    14: "CUBLAS_STATUS_INTERNAL_ERROR",
+    15: "CUBLAS_STATUS_NOT_SUPPORTED",
     16: "CUBLAS_STATUS_LICENSE_ERROR",
 }
 
@@ -149,8 +156,22 @@ def _lib() -> ctypes.CDLL:
     }
     for name, real in (("cublasXtSgemm", ctypes.c_float), ("cublasXtDgemm", ctypes.c_double)):
         ptr = ctypes.POINTER(real)
-        protos[name] = [handle, c_int, c_int, size, size, size, ptr, ctypes.c_void_p, size, ctypes.c_void_p, size,
-                        ptr, ctypes.c_void_p, size]
+        protos[name] = [
+            handle,
+            c_int,
+            c_int,
+            size,
+            size,
+            size,
+            ptr,
+            ctypes.c_void_p,
+            size,
+            ctypes.c_void_p,
+            size,
+            ptr,
+            ctypes.c_void_p,
+            size,
+        ]
     for name, argtypes in protos.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
@@ -190,8 +211,10 @@ class CublasXt:
             _check("cublasXtDeviceSelect", self._lib.cublasXtDeviceSelect(self._handle, len(devices), ids))
             _check("cublasXtSetBlockDim", self._lib.cublasXtSetBlockDim(self._handle, int(block_dim)))
             if pinning:
-                _check("cublasXtSetPinningMemMode",
-                       self._lib.cublasXtSetPinningMemMode(self._handle, CUBLASXT_PINNING_ENABLED))
+                _check(
+                    "cublasXtSetPinningMemMode",
+                    self._lib.cublasXtSetPinningMemMode(self._handle, CUBLASXT_PINNING_ENABLED),
+                )
         except Exception:
             self.close()
             raise
@@ -235,9 +258,22 @@ class CublasXt:
         name = "cublasXtSgemm" if a.dtype == np.float32 else "cublasXtDgemm"
         fn = getattr(self._lib, name)
         start = time.perf_counter()
-        status = fn(self._handle, CUBLAS_OP_N, CUBLAS_OP_N, args.m, args.n, args.k, ctypes.byref(alpha),
-                    ops[args.first].ctypes.data, args.lda, ops[args.second].ctypes.data, args.ldb,
-                    ctypes.byref(beta), out.ctypes.data, args.ldc)
+        status = fn(
+            self._handle,
+            CUBLAS_OP_N,
+            CUBLAS_OP_N,
+            args.m,
+            args.n,
+            args.k,
+            ctypes.byref(alpha),
+            ops[args.first].ctypes.data,
+            args.lda,
+            ops[args.second].ctypes.data,
+            args.ldb,
+            ctypes.byref(beta),
+            out.ctypes.data,
+            args.ldc,
+        )
         seconds = time.perf_counter() - start
         _check(name, status)
         return out, seconds
@@ -255,8 +291,9 @@ class CublasXt:
         self.close()
 
 
-def xt_gemm(a: np.ndarray, b: np.ndarray, *, devices: Sequence[int] = (0, 1), block_dim: int = 8192,
-            pinning: bool = False) -> tuple[np.ndarray, float]:
+def xt_gemm(
+    a: np.ndarray, b: np.ndarray, *, devices: Sequence[int] = (0, 1), block_dim: int = 8192, pinning: bool = False
+) -> tuple[np.ndarray, float]:
     """``a @ b`` by cuBLASXt on ``devices``; returns (C, seconds of the gemm call alone).
 
     A new handle is made and destroyed around the call (outside the time); use

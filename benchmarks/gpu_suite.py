@@ -19,8 +19,9 @@ import cupy
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mgpu import kernels  # noqa: E402
 from peers import _event_median  # noqa: E402  (benchmarks/ is the script's own folder)
+
+from mgpu import kernels  # noqa: E402
 
 
 def _median_seconds(fn, warmup: int = 2, repeat: int = 5) -> tuple[float, list[float]]:
@@ -62,14 +63,19 @@ def ceilings(quick: bool) -> dict:
         enable_peer_access(1)
         with cupy.cuda.Device(1):
             dst1 = cupy.empty(x.nbytes, dtype=cupy.uint8)
-        t, _ = _median_seconds(lambda: cupy.cuda.runtime.memcpyPeerAsync(dst1.data.ptr, 1, x.data.ptr, 0, x.nbytes,
-                                                                         cupy.cuda.get_current_stream().ptr))
+        t, _ = _median_seconds(
+            lambda: cupy.cuda.runtime.memcpyPeerAsync(
+                dst1.data.ptr, 1, x.data.ptr, 0, x.nbytes, cupy.cuda.get_current_stream().ptr
+            )
+        )
         out["peer_gbps"] = x.nbytes / t / 1e9
         del dst1
     del x, y, src
     side = 4096 if quick else 16384
     for dtype in ("float32", "float64"):
-        xs, ys = kernels.mandelbrot_axes(width=side, height=side, bounds=(-2.5, 1.0, -1.25, 1.25), rows=(0, side), dtype=dtype)
+        xs, ys = kernels.mandelbrot_axes(
+            width=side, height=side, bounds=(-2.5, 1.0, -1.25, 1.25), rows=(0, side), dtype=dtype
+        )
         xd, yd = cupy.asarray(xs), cupy.asarray(ys)
         counts = kernels.mandelbrot_counts(cupy, xd, yd, 1000)
         iters = float(counts.sum(dtype=np.int64))
@@ -81,22 +87,125 @@ def ceilings(quick: bool) -> dict:
 
 JOBS_FULL = [
     # label, job, devices, overrides, ceiling key
-    ("matmul-32k-f32-pool", "jobs/matmul.yaml", "0,1", ["params.m=32768", "params.n=32768", "params.k=32768"], "gemm_float32_tflops", ["--allocator", "pool"]),
-    ("matmul-32k-f32-async", "jobs/matmul.yaml", "0,1", ["params.m=32768", "params.n=32768", "params.k=32768"], "gemm_float32_tflops", ["--allocator", "async"]),
-    ("matmul-32k-f32-1gpu", "jobs/matmul.yaml", "1", ["params.m=32768", "params.n=32768", "params.k=32768"], "gemm_float32_tflops", []),
-    ("matmul-32k-tf32", "jobs/matmul.yaml", "0,1", ["params.m=32768", "params.n=32768", "params.k=32768", "params.precision=tf32"], "gemm_tf32_tflops", []),
-    ("matmul-32k-f64", "jobs/matmul.yaml", "0,1", ["params.m=32768", "params.n=32768", "params.k=32768", "params.dtype=float64"], "gemm_float64_tflops", []),
-    ("matmul-32k-f32-distributed", "jobs/matmul.yaml", "0,1", ["params.m=32768", "params.n=32768", "params.k=32768", "params.operands=distributed"], "gemm_float32_tflops", []),
-    ("matmul-32k-tf32-distributed", "jobs/matmul.yaml", "0,1", ["params.m=32768", "params.n=32768", "params.k=32768", "params.precision=tf32", "params.operands=distributed"], "gemm_tf32_tflops", []),
-    ("matmul-32k-tf32-1gpu", "jobs/matmul.yaml", "1", ["params.m=32768", "params.n=32768", "params.k=32768", "params.precision=tf32"], "gemm_tf32_tflops", []),
-    ("matmul-32k-f64-1gpu", "jobs/matmul.yaml", "1", ["params.m=32768", "params.n=32768", "params.k=32768", "params.dtype=float64"], "gemm_float64_tflops", []),
+    (
+        "matmul-32k-f32-pool",
+        "jobs/matmul.yaml",
+        "0,1",
+        ["params.m=32768", "params.n=32768", "params.k=32768"],
+        "gemm_float32_tflops",
+        ["--allocator", "pool"],
+    ),
+    (
+        "matmul-32k-f32-async",
+        "jobs/matmul.yaml",
+        "0,1",
+        ["params.m=32768", "params.n=32768", "params.k=32768"],
+        "gemm_float32_tflops",
+        ["--allocator", "async"],
+    ),
+    (
+        "matmul-32k-f32-1gpu",
+        "jobs/matmul.yaml",
+        "1",
+        ["params.m=32768", "params.n=32768", "params.k=32768"],
+        "gemm_float32_tflops",
+        [],
+    ),
+    (
+        "matmul-32k-tf32",
+        "jobs/matmul.yaml",
+        "0,1",
+        ["params.m=32768", "params.n=32768", "params.k=32768", "params.precision=tf32"],
+        "gemm_tf32_tflops",
+        [],
+    ),
+    (
+        "matmul-32k-f64",
+        "jobs/matmul.yaml",
+        "0,1",
+        ["params.m=32768", "params.n=32768", "params.k=32768", "params.dtype=float64"],
+        "gemm_float64_tflops",
+        [],
+    ),
+    (
+        "matmul-32k-f32-distributed",
+        "jobs/matmul.yaml",
+        "0,1",
+        ["params.m=32768", "params.n=32768", "params.k=32768", "params.operands=distributed"],
+        "gemm_float32_tflops",
+        [],
+    ),
+    (
+        "matmul-32k-tf32-distributed",
+        "jobs/matmul.yaml",
+        "0,1",
+        ["params.m=32768", "params.n=32768", "params.k=32768", "params.precision=tf32", "params.operands=distributed"],
+        "gemm_tf32_tflops",
+        [],
+    ),
+    (
+        "matmul-32k-tf32-1gpu",
+        "jobs/matmul.yaml",
+        "1",
+        ["params.m=32768", "params.n=32768", "params.k=32768", "params.precision=tf32"],
+        "gemm_tf32_tflops",
+        [],
+    ),
+    (
+        "matmul-32k-f64-1gpu",
+        "jobs/matmul.yaml",
+        "1",
+        ["params.m=32768", "params.n=32768", "params.k=32768", "params.dtype=float64"],
+        "gemm_float64_tflops",
+        [],
+    ),
     ("dot-2g-f32", "jobs/dot.yaml", "0,1", ["params.n=2000000000"], "copy_gbps", []),
     ("dot-20g-f32", "jobs/dot.yaml", "0,1", ["params.n=20000000000"], "copy_gbps", []),
     ("dot-2g-f32-1gpu", "jobs/dot.yaml", "1", ["params.n=2000000000"], "copy_gbps", []),
-    ("mandelbrot-64k-f32", "jobs/mandelbrot.yaml", "0,1", ["params.width=65536", "params.height=65536", "params.max_iter=1000", "params.output=null"], "mandelbrot_float32_giters", []),
-    ("mandelbrot-64k-f32-1gpu", "jobs/mandelbrot.yaml", "1", ["params.width=65536", "params.height=65536", "params.max_iter=1000", "params.output=null"], "mandelbrot_float32_giters", []),
-    ("mandelbrot-64k-f64", "jobs/mandelbrot.yaml", "0,1", ["params.width=65536", "params.height=65536", "params.max_iter=1000", "params.output=null", "params.dtype=float64"], "mandelbrot_float64_giters", []),
-    ("mandelbrot-64k-f64-1gpu", "jobs/mandelbrot.yaml", "1", ["params.width=65536", "params.height=65536", "params.max_iter=1000", "params.output=null", "params.dtype=float64"], "mandelbrot_float64_giters", []),
+    (
+        "mandelbrot-64k-f32",
+        "jobs/mandelbrot.yaml",
+        "0,1",
+        ["params.width=65536", "params.height=65536", "params.max_iter=1000", "params.output=null"],
+        "mandelbrot_float32_giters",
+        [],
+    ),
+    (
+        "mandelbrot-64k-f32-1gpu",
+        "jobs/mandelbrot.yaml",
+        "1",
+        ["params.width=65536", "params.height=65536", "params.max_iter=1000", "params.output=null"],
+        "mandelbrot_float32_giters",
+        [],
+    ),
+    (
+        "mandelbrot-64k-f64",
+        "jobs/mandelbrot.yaml",
+        "0,1",
+        [
+            "params.width=65536",
+            "params.height=65536",
+            "params.max_iter=1000",
+            "params.output=null",
+            "params.dtype=float64",
+        ],
+        "mandelbrot_float64_giters",
+        [],
+    ),
+    (
+        "mandelbrot-64k-f64-1gpu",
+        "jobs/mandelbrot.yaml",
+        "1",
+        [
+            "params.width=65536",
+            "params.height=65536",
+            "params.max_iter=1000",
+            "params.output=null",
+            "params.dtype=float64",
+        ],
+        "mandelbrot_float64_giters",
+        [],
+    ),
 ]
 
 
@@ -114,16 +223,37 @@ def main() -> None:
     # Each job's own JSON lands in OUTDIR/jobs/; bench.json holds them all as well.
     quick = "--quick" in sys.argv
     outdir.mkdir(parents=True, exist_ok=True)
-    device_line = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True).stdout.strip()
-    report = {"device": device_line, "argv": sys.argv, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cupy": cupy.__version__}
+    device_line = subprocess.run(
+        ["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    report = {
+        "device": device_line,
+        "argv": sys.argv,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "cupy": cupy.__version__,
+    }
     report["ceilings"] = ceil = ceilings(quick)
     print("ceilings (one GPU):", json.dumps(ceil, indent=1), flush=True)
     rows = []
-    for label, job, devs, sets, key, extra in (_quick(JOBS_FULL) if quick else JOBS_FULL):
+    for label, job, devs, sets, key, extra in _quick(JOBS_FULL) if quick else JOBS_FULL:
         out = outdir / "jobs" / f"{label}.json"
         out.parent.mkdir(exist_ok=True)
-        cmd = [sys.executable, "-m", "mgpu", "submit", job, "--devices", devs, "--no-dashboard", "-q", "--json", str(out), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mgpu",
+            "submit",
+            job,
+            "--devices",
+            devs,
+            "--no-dashboard",
+            "-q",
+            "--json",
+            str(out),
+            *extra,
+        ]
         for s in sets:
             cmd += ["--set", s]
         t0 = time.perf_counter()
@@ -141,25 +271,52 @@ def main() -> None:
         thr = r["throughput"]["value"]
         work = thr * r["compute_s"]
         row.update(
-            devices=ndev, status=r["status"], verify=r["verify"], throughput=thr, unit=r["throughput"]["unit"],
-            compute_s=r["compute_s"], wall_s=r["wall_s"], kernel_throughput=work / busy if busy else None,
-            ceiling=ceil[key] * ndev, ratio=thr / (ceil[key] * ndev), kernel_ratio=(work / busy) / (ceil[key] * ndev) if busy else None,
-            value=r["value"], result=r, roofline=r.get("roofline"),
+            devices=ndev,
+            status=r["status"],
+            verify=r["verify"],
+            throughput=thr,
+            unit=r["throughput"]["unit"],
+            compute_s=r["compute_s"],
+            wall_s=r["wall_s"],
+            kernel_throughput=work / busy if busy else None,
+            ceiling=ceil[key] * ndev,
+            ratio=thr / (ceil[key] * ndev),
+            kernel_ratio=(work / busy) / (ceil[key] * ndev) if busy else None,
+            value=r["value"],
+            result=r,
+            roofline=r.get("roofline"),
         )
         rows.append(row)
         moved = [(d["id"], d["bytes_d2d"], d.get("d2d_gbps")) for d in r["per_device"] if d.get("bytes_d2d")]
         if moved:
             print(f"{label}: peer copies (device, bytes, GB/s): {moved}", flush=True)
-        print(f"{label}: {thr:.4g} {row['unit']} ({row['ratio']:.1%} of {ndev}x ceiling), kernel-only {row['kernel_ratio']:.1%}, "
-              f"compute {r['compute_s']:.3f}s wall {r['wall_s']:.2f}s verify {r['verify']['passed']} err {r['verify']['max_rel_error']}", flush=True)
+        print(
+            f"{label}: {thr:.4g} {row['unit']} ({row['ratio']:.1%} of {ndev}x ceiling), kernel-only {row['kernel_ratio']:.1%}, "
+            f"compute {r['compute_s']:.3f}s wall {r['wall_s']:.2f}s verify {r['verify']['passed']} err {r['verify']['max_rel_error']}",
+            flush=True,
+        )
     report["jobs"] = rows
     (outdir / "bench.json").write_text(json.dumps(report, indent=2))
-    print("\n%-26s %4s %12s %9s %8s %8s %8s %7s" % ("job", "dev", "throughput", "unit", "ratio", "kernel", "roofline", "wall"))
+    print(
+        "\n%-26s %4s %12s %9s %8s %8s %8s %7s"
+        % ("job", "dev", "throughput", "unit", "ratio", "kernel", "roofline", "wall")
+    )
     for r in rows:
         if "throughput" in r:
             roof = (r.get("roofline") or {}).get("fraction") or 0
-            print("%-26s %4d %12.4g %9s %7.1f%% %7.1f%% %7.1f%% %6.1fs" % (r["label"], r["devices"], r["throughput"], r["unit"],
-                  100 * r["ratio"], 100 * (r["kernel_ratio"] or 0), 100 * roof, r["wall_s"]))
+            print(
+                "%-26s %4d %12.4g %9s %7.1f%% %7.1f%% %7.1f%% %6.1fs"
+                % (
+                    r["label"],
+                    r["devices"],
+                    r["throughput"],
+                    r["unit"],
+                    100 * r["ratio"],
+                    100 * (r["kernel_ratio"] or 0),
+                    100 * roof,
+                    r["wall_s"],
+                )
+            )
         else:
             print("%-26s FAILED" % r["label"])
 

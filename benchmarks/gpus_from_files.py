@@ -57,8 +57,9 @@ def dot_spans(x: str, y: str, gpus: int, budget: int) -> list[list[tuple[int, in
     return [[t.bounds["n"] for t in tiles if t.worker == f"gpu{g}"] for g in range(gpus)]
 
 
-def _worker(gpu: int, spans: list[tuple[int, int]], paths: list[str], plan: list[dict[str, Any]],
-            barrier: Any, results: Any) -> None:
+def _worker(
+    gpu: int, spans: list[tuple[int, int]], paths: list[str], plan: list[dict[str, Any]], barrier: Any, results: Any
+) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
     import cupy
     import dask.config
@@ -66,8 +67,9 @@ def _worker(gpu: int, spans: list[tuple[int, int]], paths: list[str], plan: list
     from mgpu import transfer
     from mgpu.device import Device, DeviceFacts
 
-    dev = Device("cuda", cupy, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"),
-                 new_stream=lambda: cupy.cuda.Stream(non_blocking=True))
+    dev = Device(
+        "cuda", cupy, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"), new_stream=lambda: cupy.cuda.Stream(non_blocking=True)
+    )
     info = np.load(paths[0], mmap_mode="r")
     n, dtype, offset = info.shape[0], info.dtype, info.offset
     del info
@@ -91,9 +93,16 @@ def _worker(gpu: int, spans: list[tuple[int, int]], paths: list[str], plan: list
         barrier.wait()
 
 
-def _run(v: dict[str, Any], paths: list[str], spans: list[tuple[int, int]], dst: Any, dev: Any,
-         layout: tuple[int, int, np.dtype], pinned: np.ndarray,
-         plain: list[np.ndarray]) -> tuple[int, dict[str, float]]:
+def _run(
+    v: dict[str, Any],
+    paths: list[str],
+    spans: list[tuple[int, int]],
+    dst: Any,
+    dev: Any,
+    layout: tuple[int, int, np.dtype],
+    pinned: np.ndarray,
+    plain: list[np.ndarray],
+) -> tuple[int, dict[str, float]]:
     """One variant over every tile; returns the bytes moved and, for the registered route,
     the seconds of each of its steps."""
     from mgpu import transfer
@@ -139,7 +148,7 @@ def _run(v: dict[str, Any], paths: list[str], spans: list[tuple[int, int]], dst:
                 # The span's front staged by the pool, its back locked in place by one more thread.
                 cut = a + int((b - a) * v["split"])
                 with ThreadPoolExecutor(1) as locker:
-                    back = locker.submit(_locked_pieces, path, (cut, b), dst[cut - a:b - a], v["chunk"] << 20)
+                    back = locker.submit(_locked_pieces, path, (cut, b), dst[cut - a : b - a], v["chunk"] << 20)
                     if cut > a:
                         stager.load(dst[: cut - a], transfer.FileBlock(path, offset, (n,), dtype, (a, cut)))
                     for step, sec in back.result().items():
@@ -169,7 +178,7 @@ def _gpu_reads_map(path: str, span: tuple[int, int], dst: Any, dev: Any) -> None
     lock: the driver maps the pages to the GPU as it touches them)."""
     import cupy
 
-    view = np.load(path, mmap_mode="r")[span[0]:span[1]]
+    view = np.load(path, mmap_mode="r")[span[0] : span[1]]
     memory = cupy.cuda.UnownedMemory(view.ctypes.data, view.nbytes, view)
     src = cupy.ndarray(view.shape, view.dtype, cupy.cuda.MemoryPointer(memory, 0))
     with dev.on_stream():
@@ -183,7 +192,7 @@ def _locked_pieces(path: str, span: tuple[int, int], dst: Any, piece: int) -> di
     import cupy
 
     rt = cupy.cuda.runtime
-    view = np.load(path, mmap_mode="r")[span[0]:span[1]]
+    view = np.load(path, mmap_mode="r")[span[0] : span[1]]
     begin, end = view.ctypes.data, view.ctypes.data + view.nbytes
     lo = begin - begin % mmap.PAGESIZE
     piece -= piece % mmap.PAGESIZE
@@ -220,7 +229,7 @@ def _registered(path: str, span: tuple[int, int], dst: Any, dev: Any, v: dict[st
     import cupy
 
     rt = cupy.cuda.runtime
-    view = np.load(path, mmap_mode="r")[span[0]:span[1]]
+    view = np.load(path, mmap_mode="r")[span[0] : span[1]]
     lo = view.ctypes.data - view.ctypes.data % mmap.PAGESIZE
     hi = view.ctypes.data + view.nbytes
     hi += -hi % mmap.PAGESIZE
@@ -277,19 +286,37 @@ def _threaded(threads: int, step: int, total: int, fn: Any, pool: ThreadPoolExec
 @click.option("--budget", default="16GiB", show_default=True, help="the dot job's per-device budget, for its tiles")
 @click.option("--threads", help="host threads per process to try  [default: mgpu's, mgpu.transfer.host-threads]")
 @click.option("--chunks", default="16,64", show_default=True, help="chunk sizes (MiB) to try")
-@click.option("--methods", default=",".join(METHODS), show_default=True,
-              help=f"routes to try, of {', '.join(METHODS + OTHER_ROUTES)}")
-@click.option("--splits", default="0.5", show_default=True,
-              help="for the hybrid route: the share of each span staged (the rest is locked in place)")
+@click.option(
+    "--methods",
+    default=",".join(METHODS),
+    show_default=True,
+    help=f"routes to try, of {', '.join(METHODS + OTHER_ROUTES)}",
+)
+@click.option(
+    "--splits",
+    default="0.5",
+    show_default=True,
+    help="for the hybrid route: the share of each span staged (the rest is locked in place)",
+)
 @click.option("--repeat", default=2, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path))
-def main(x: str, y: str, gpus: int | None, budget: str, threads: str | None, chunks: str, methods: str, splits: str,
-         repeat: int,
-         json_path: Path | None) -> None:
+def main(
+    x: str,
+    y: str,
+    gpus: int | None,
+    budget: str,
+    threads: str | None,
+    chunks: str,
+    methods: str,
+    splits: str,
+    repeat: int,
+    json_path: Path | None,
+) -> None:
     unknown = sorted(set(methods.split(",")) - set(METHODS + OTHER_ROUTES))
     if unknown:
-        raise click.BadParameter(f"unknown route(s) {unknown}; allowed: {', '.join(METHODS + OTHER_ROUTES)}",
-                                 param_hint="--methods")
+        raise click.BadParameter(
+            f"unknown route(s) {unknown}; allowed: {', '.join(METHODS + OTHER_ROUTES)}", param_hint="--methods"
+        )
     try:
         import cupy
 
@@ -301,21 +328,26 @@ def main(x: str, y: str, gpus: int | None, budget: str, threads: str | None, chu
         if json_path:
             json_path.write_text(json.dumps({"status": "skipped: no GPU", "runs": []}))
         return
-    from mgpu.transfer import host_threads
-
     from dask.utils import parse_bytes
+
+    from mgpu.transfer import host_threads
 
     gpus = gpus or found
     spans = dot_spans(x, y, gpus, parse_bytes(budget))
     threads = threads or str(host_threads())
     ts, cs = [int(t) for t in threads.split(",")], [int(c) for c in chunks.split(",")]
     plan = [{"method": m, "chunk": 16, "threads": t} for m in CEILINGS for t in ts]
-    plan += [{"method": m, "chunk": c, "threads": t, "split": float(f)} for _ in range(repeat) for t in ts
-             for c in cs for m in methods.split(",") for f in (splits.split(",") if m == "hybrid" else ["1"])]
+    plan += [
+        {"method": m, "chunk": c, "threads": t, "split": float(f)}
+        for _ in range(repeat)
+        for t in ts
+        for c in cs
+        for m in methods.split(",")
+        for f in (splits.split(",") if m == "hybrid" else ["1"])
+    ]
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(gpus), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(g, spans[g], [x, y], plan, barrier, results))
-             for g in range(gpus)]
+    procs = [ctx.Process(target=_worker, args=(g, spans[g], [x, y], plan, barrier, results)) for g in range(gpus)]
     for p in procs:
         p.start()
     rows = [results.get(timeout=600) for _ in range(gpus * len(plan))]
@@ -323,19 +355,30 @@ def main(x: str, y: str, gpus: int | None, budget: str, threads: str | None, chu
         p.join()
     out = []
     # Every process puts its row of a variant before the barrier that ends it: rows come a variant at a time.
-    for run in (sorted(rows[i:i + gpus], key=lambda r: r["gpu"]) for i in range(0, len(rows), gpus)):
+    for run in (sorted(rows[i : i + gpus], key=lambda r: r["gpu"]) for i in range(0, len(rows), gpus)):
         gbps = sum(r["bytes"] for r in run) / max(r["wall_s"] for r in run) / 1e9
-        out.append({"method": run[0]["method"], "chunk_mib": run[0]["chunk"], "threads": run[0]["threads"],
-                    "split": run[0].get("split"),
-                    "gbps": gbps, "per_gpu_gbps": [r["bytes"] / r["wall_s"] / 1e9 for r in run],
-                    "phases": [r["phases"] for r in run]})
-        click.echo(f"{out[-1]['method']:11s} {out[-1]['chunk_mib']:3d} MiB {out[-1]['threads']:2d} threads "
-                   f"split {out[-1]['split'] or 0:.2f} "
-                   f"{gbps:6.1f} GB/s  per process "
-                   + " ".join(f"{g:5.1f}" for g in out[-1]["per_gpu_gbps"])
-                   + "".join(f"  {k} {v:.3f}" for k, v in run[0]["phases"].items()))
+        out.append(
+            {
+                "method": run[0]["method"],
+                "chunk_mib": run[0]["chunk"],
+                "threads": run[0]["threads"],
+                "split": run[0].get("split"),
+                "gbps": gbps,
+                "per_gpu_gbps": [r["bytes"] / r["wall_s"] / 1e9 for r in run],
+                "phases": [r["phases"] for r in run],
+            }
+        )
+        click.echo(
+            f"{out[-1]['method']:11s} {out[-1]['chunk_mib']:3d} MiB {out[-1]['threads']:2d} threads "
+            f"split {out[-1]['split'] or 0:.2f} "
+            f"{gbps:6.1f} GB/s  per process "
+            + " ".join(f"{g:5.1f}" for g in out[-1]["per_gpu_gbps"])
+            + "".join(f"  {k} {v:.3f}" for k, v in run[0]["phases"].items())
+        )
     if json_path:
-        json_path.write_text(json.dumps({"status": "measured", "budget": budget, "spans": spans, "gpus": gpus, "runs": out}, indent=1))
+        json_path.write_text(
+            json.dumps({"status": "measured", "budget": budget, "spans": spans, "gpus": gpus, "runs": out}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def _rate(nbytes: int, seconds: float) -> float:
 def _threads_copy(dst: np.ndarray, src: np.ndarray, threads: int) -> None:
     rows = np.array_split(np.arange(src.shape[0]), threads)
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda r: np.copyto(dst[r[0]:r[-1] + 1], src[r[0]:r[-1] + 1]), [r for r in rows if len(r)]))
+        list(pool.map(lambda r: np.copyto(dst[r[0] : r[-1] + 1], src[r[0] : r[-1] + 1]), [r for r in rows if len(r)]))
 
 
 def _threads_readinto(path: str, offset: int, dst: np.ndarray, threads: int) -> None:
@@ -57,10 +57,11 @@ def _threads_readinto(path: str, offset: int, dst: np.ndarray, threads: int) -> 
     n = len(flat)
     fd = os.open(path, os.O_RDONLY)
     try:
+
         def one(lo: int, hi: int) -> None:
             done = 0
             while done < hi - lo:
-                done += os.preadv(fd, [flat[lo + done:hi]], offset + lo + done)
+                done += os.preadv(fd, [flat[lo + done : hi]], offset + lo + done)
 
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(lambda i: one(i * n // threads, (i + 1) * n // threads), range(threads)))
@@ -85,7 +86,7 @@ def main(scratch: Path, gib: float, json_path: Path | None) -> None:
     t = time.perf_counter()
     mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(rows, cols))
     for r in range(0, rows, 4096):
-        mm[r:r + 4096] = np.float32(r)
+        mm[r : r + 4096] = np.float32(r)
     mm.flush()
     del mm
     out["write_file_gbps"] = _rate(rows * cols * 4, time.perf_counter() - t)
@@ -140,8 +141,9 @@ def _device_routes(cupy: Any, scratch: Path, src: np.ndarray, pinned: np.ndarray
             stream.synchronize()
             t = time.perf_counter()
             if name == "pinned":
-                cupy.cuda.runtime.memcpyAsync(dev.data.ptr, host.ctypes.data, nbytes,
-                                              cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+                cupy.cuda.runtime.memcpyAsync(
+                    dev.data.ptr, host.ctypes.data, nbytes, cupy.cuda.runtime.memcpyHostToDevice, stream.ptr
+                )
             else:
                 with stream:
                     dev.set(np.asarray(host), stream=stream)
@@ -177,27 +179,31 @@ def _device_routes(cupy: Any, scratch: Path, src: np.ndarray, pinned: np.ndarray
         cupy.cuda.runtime.hostRegister(*_pages(dst.ctypes.data, nbytes), _REGISTER_PORTABLE)
         out["register_rw_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        cupy.cuda.runtime.memcpyAsync(dst.ctypes.data, dev.data.ptr, nbytes, cupy.cuda.runtime.memcpyDeviceToHost,
-                                      stream.ptr)
+        cupy.cuda.runtime.memcpyAsync(
+            dst.ctypes.data, dev.data.ptr, nbytes, cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr
+        )
         stream.synchronize()
         out["d2h_registered_mmap_gbps"] = _rate(nbytes, time.perf_counter() - t)
         cupy.cuda.runtime.hostUnregister(_pages(dst.ctypes.data, nbytes)[0])
     except Exception as e:  # noqa: BLE001
         out["register_rw_error"] = repr(e)
     t = time.perf_counter()
-    cupy.cuda.runtime.memcpyAsync(pinned.ctypes.data, dev.data.ptr, nbytes, cupy.cuda.runtime.memcpyDeviceToHost,
-                                  stream.ptr)
+    cupy.cuda.runtime.memcpyAsync(
+        pinned.ctypes.data, dev.data.ptr, nbytes, cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr
+    )
     stream.synchronize()
     out["d2h_pinned_gbps"] = _rate(nbytes, time.perf_counter() - t)
     for threads in (1, 4, 8, 16):
-        dst2 = np.lib.format.open_memmap(str(scratch / f"probe-out{threads}.npy"), mode="w+", dtype=np.float32,
-                                         shape=(rows, cols))
+        dst2 = np.lib.format.open_memmap(
+            str(scratch / f"probe-out{threads}.npy"), mode="w+", dtype=np.float32, shape=(rows, cols)
+        )
         t = time.perf_counter()
         _threads_copy(dst2, pinned, threads)
         out[f"pinned_to_new_mmap_{threads}t_gbps"] = _rate(nbytes, time.perf_counter() - t)
         del dst2
-        out[f"pinned_to_new_file_pwrite_{threads}t_gbps"] = _rate(nbytes, _threads_pwrite(
-            str(scratch / f"probe-pw{threads}.npy"), pinned, threads))
+        out[f"pinned_to_new_file_pwrite_{threads}t_gbps"] = _rate(
+            nbytes, _threads_pwrite(str(scratch / f"probe-pw{threads}.npy"), pinned, threads)
+        )
     for threads in (1, 4, 8):
         try:
             out[f"registered_pieces_{threads}t_gbps"] = _registered_pieces(cupy, src.filename, dev, threads)
@@ -216,9 +222,10 @@ def _threads_pwrite(path: str, src: np.ndarray, threads: int) -> float:
     starts = list(range(0, len(flat), piece))
     fd = os.open(path, os.O_WRONLY)
     try:
+
         def one(i: int) -> None:
             for lo in starts[i::threads]:
-                view = flat[lo:lo + piece]
+                view = flat[lo : lo + piece]
                 done = 0
                 while done < len(view):
                     done += os.pwritev(fd, [view[done:]], offset + lo + done)
@@ -279,8 +286,9 @@ def _registered_stream(cupy: Any, path: str, dev: Any, stream: Any, col_half: bo
     base, size = _pages(fresh.ctypes.data, fresh.nbytes)
     rt.hostRegister(base, size, _REGISTER_READ_ONLY | _REGISTER_PORTABLE)
     t_reg = time.perf_counter()
-    rt.memcpy2DAsync(dev.data.ptr, width * 4, fresh.ctypes.data, cols * 4, width * 4, rows, rt.memcpyHostToDevice,
-                     stream.ptr)
+    rt.memcpy2DAsync(
+        dev.data.ptr, width * 4, fresh.ctypes.data, cols * 4, width * 4, rows, rt.memcpyHostToDevice, stream.ptr
+    )
     stream.synchronize()
     t_dma = time.perf_counter()
     rt.hostUnregister(base)

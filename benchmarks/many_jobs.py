@@ -37,9 +37,12 @@ def write_jobs(folder: Path, n: int) -> list[Path]:
     jobs = []
     for i in range(n):
         if i % 2 == 0:
-            doc = {"name": f"matmul-{i}", "workload": "matmul",
-                   "params": {"m": 384, "n": 384, "k": 256, "seed": i, "output": str(folder / f"c-{i}.npy")},
-                   "tiling": {"m": 96}}
+            doc = {
+                "name": f"matmul-{i}",
+                "workload": "matmul",
+                "params": {"m": 384, "n": 384, "k": 256, "seed": i, "output": str(folder / f"c-{i}.npy")},
+                "tiling": {"m": 96},
+            }
         else:
             doc = {"name": f"dot-{i}", "workload": "dot", "params": {"n": 2_000_000, "seed": i}}
         path = folder / f"job-{i:03d}.yaml"
@@ -67,10 +70,15 @@ def snapshot(procs: dict[str, psutil.Process]) -> dict[str, Any]:
     out = {}
     for role, p in procs.items():
         try:
-            out[role] = {"pid": p.pid, "rss": p.memory_info().rss, "threads": p.num_threads(),
-                         "children": len(p.children(recursive=True)),
-                         "listen": sorted({c.laddr.ip for c in p.net_connections(kind="inet")
-                                           if c.status == psutil.CONN_LISTEN})}
+            out[role] = {
+                "pid": p.pid,
+                "rss": p.memory_info().rss,
+                "threads": p.num_threads(),
+                "children": len(p.children(recursive=True)),
+                "listen": sorted(
+                    {c.laddr.ip for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+                ),
+            }
         except psutil.NoSuchProcess:
             out[role] = None
     return out
@@ -82,28 +90,47 @@ def scheduler_state(scheduler_file: Path) -> dict[str, Any]:
     with Client(scheduler_file=str(scheduler_file), timeout=30) as client:
         deadline = time.monotonic() + 30
         while True:  # the scheduler forgets a gone client's tasks a moment after it leaves
-            state = client.run_on_scheduler(lambda me, dask_scheduler: {
-                "tasks": len(dask_scheduler.tasks),
-                "clients": sorted(c for c in dask_scheduler.clients if c not in (me, "fire-and-forget")),
-                "workers": len(dask_scheduler.workers),
-                "plugins": sorted(dask_scheduler.worker_plugins),
-            }, client.id)
+            state = client.run_on_scheduler(
+                lambda me, dask_scheduler: {
+                    "tasks": len(dask_scheduler.tasks),
+                    "clients": sorted(c for c in dask_scheduler.clients if c not in (me, "fire-and-forget")),
+                    "workers": len(dask_scheduler.workers),
+                    "plugins": sorted(dask_scheduler.worker_plugins),
+                },
+                client.id,
+            )
             if state["tasks"] == 0 or time.monotonic() > deadline:
                 return state
             time.sleep(0.2)
 
 
 def local_cluster(*args: str, env: dict[str, str]) -> str:
-    proc = subprocess.run(["bash", str(ROOT / "deploy" / "local-cluster.sh"), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "deploy" / "local-cluster.sh"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"local-cluster.sh {' '.join(args)} failed:\n{proc.stdout}{proc.stderr}")
     return proc.stdout
 
 
 def submit(jobs: list[Path], scheduler_file: Path, json_path: Path) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "mgpu", "submit", *map(str, jobs), "--scheduler", str(scheduler_file),
-           "--json", str(json_path), "-q"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mgpu",
+        "submit",
+        *map(str, jobs),
+        "--scheduler",
+        str(scheduler_file),
+        "--json",
+        str(json_path),
+        "-q",
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     return {"rc": proc.returncode, "seconds": time.perf_counter() - t0, "stderr": proc.stderr[-4000:]}
@@ -116,9 +143,14 @@ def measure(n_jobs: int, n_workers: int, out: Path, *, separate: bool = False) -
     env = {**os.environ, "PYTHON": sys.executable, "MGPU_CLUSTER_DIR": str(cluster_dir)}
     jobs = write_jobs(work, n_jobs + 1)
     warmup, jobs = jobs[0], jobs[1:]
-    report: dict[str, Any] = {"jobs": n_jobs, "workers": n_workers, "separate": separate,
-                              "host": platform.node(), "cpus": os.cpu_count(),
-                              "python": platform.python_version()}
+    report: dict[str, Any] = {
+        "jobs": n_jobs,
+        "workers": n_workers,
+        "separate": separate,
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
     local_cluster("up", "-n", str(n_workers), "--cpu", "--port", "0", "--dashboard-port", "0", env=env)
     scheduler_file = cluster_dir / "scheduler.json"
     procs: dict[str, psutil.Process] = {}
@@ -128,45 +160,62 @@ def measure(n_jobs: int, n_workers: int, out: Path, *, separate: bool = False) -
         report["before"] = snapshot(procs)
         if separate:
             runs = [submit([job], scheduler_file, work / f"result-{i}.json") for i, job in enumerate(jobs)]
-            results = [json.loads((work / f"result-{i}.json").read_text()) for i in range(len(jobs))
-                       if (work / f"result-{i}.json").exists()]
-            report["run"] = {"rc": max(r["rc"] for r in runs), "seconds": sum(r["seconds"] for r in runs),
-                             "stderr": "".join(r["stderr"] for r in runs)[-4000:]}
+            results = [
+                json.loads((work / f"result-{i}.json").read_text())
+                for i in range(len(jobs))
+                if (work / f"result-{i}.json").exists()
+            ]
+            report["run"] = {
+                "rc": max(r["rc"] for r in runs),
+                "seconds": sum(r["seconds"] for r in runs),
+                "stderr": "".join(r["stderr"] for r in runs)[-4000:],
+            }
         else:
             report["run"] = submit(jobs, scheduler_file, work / "results.json")
             path = work / "results.json"
             results = json.loads(path.read_text()) if path.exists() else []
         report["after"] = snapshot(procs)
-        report["results"] = {"count": len(results), "ok": sum(r["status"] == "ok" for r in results),
-                             "verified": sum(r["verify"]["passed"] is True for r in results),
-                             "lost_workers": sorted({w for r in results for w in r["recovery"]["lost_workers"]})}
+        report["results"] = {
+            "count": len(results),
+            "ok": sum(r["status"] == "ok" for r in results),
+            "verified": sum(r["verify"]["passed"] is True for r in results),
+            "lost_workers": sorted({w for r in results for w in r["recovery"]["lost_workers"]}),
+        }
         report["scheduler"] = scheduler_state(scheduler_file)
         # mgpu has exited: nothing of it may be left under this process.
         report["stray"] = [" ".join(p.cmdline()[:6]) for p in psutil.Process().children(recursive=True)]
     finally:
         local_cluster("down", env=env)
     report["left_after_down"] = [role for role, p in procs.items() if p.is_running() and p.status() != "zombie"]
-    report["growth"] = {role: (report["after"][role]["rss"] - b["rss"]) if b and report["after"][role] else None
-                        for role, b in report["before"].items()}
+    report["growth"] = {
+        role: (report["after"][role]["rss"] - b["rss"]) if b and report["after"][role] else None
+        for role, b in report["before"].items()
+    }
     return report
 
 
 def print_table(report: dict[str, Any]) -> None:
-    print(f"{report['jobs']} jobs in a row ({'one submit each' if report['separate'] else 'one submit'}) "
-          f"on {report['workers']} CPU workers, {report['run']['seconds']:.1f} s, exit {report['run']['rc']}; "
-          f"{report['results']['ok']}/{report['results']['count']} ok, {report['results']['verified']} verified")
+    print(
+        f"{report['jobs']} jobs in a row ({'one submit each' if report['separate'] else 'one submit'}) "
+        f"on {report['workers']} CPU workers, {report['run']['seconds']:.1f} s, exit {report['run']['rc']}; "
+        f"{report['results']['ok']}/{report['results']['count']} ok, {report['results']['verified']} verified"
+    )
     print(f"{'process':<24} {'RSS before':>11} {'RSS after':>11} {'growth':>9} {'children':>9} listens on")
     for role, before in report["before"].items():
         after = report["after"][role]
         if not before or not after:
             print(f"{role:<24} {'gone':>11}")
             continue
-        print(f"{role:<24} {before['rss'] / MiB:>9.1f}Mi {after['rss'] / MiB:>9.1f}Mi "
-              f"{(after['rss'] - before['rss']) / MiB:>+7.1f}Mi {before['children']:>4}->{after['children']:<4} "
-              f"{','.join(after['listen']) or '-'}")
+        print(
+            f"{role:<24} {before['rss'] / MiB:>9.1f}Mi {after['rss'] / MiB:>9.1f}Mi "
+            f"{(after['rss'] - before['rss']) / MiB:>+7.1f}Mi {before['children']:>4}->{after['children']:<4} "
+            f"{','.join(after['listen']) or '-'}"
+        )
     s = report["scheduler"]
-    print(f"scheduler afterwards: {s['tasks']} tasks, {len(s['clients'])} other clients, {s['workers']} workers, "
-          f"worker plugins {s['plugins']}")
+    print(
+        f"scheduler afterwards: {s['tasks']} tasks, {len(s['clients'])} other clients, {s['workers']} workers, "
+        f"worker plugins {s['plugins']}"
+    )
     print(f"stray processes: {report['stray'] or 'none'}; left after down: {report['left_after_down'] or 'none'}")
 
 
@@ -181,8 +230,12 @@ def main() -> int:
     (args.out / "many_jobs.json").write_text(json.dumps(report, indent=2) + "\n")
     print_table(report)
     print(f"wrote {args.out / 'many_jobs.json'}")
-    ok = (report["run"]["rc"] == 0 and report["results"]["ok"] == args.jobs and not report["stray"]
-          and not report["left_after_down"])
+    ok = (
+        report["run"]["rc"] == 0
+        and report["results"]["ok"] == args.jobs
+        and not report["stray"]
+        and not report["left_after_down"]
+    )
     return 0 if ok else 1
 
 

@@ -46,8 +46,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 import numpy as np
@@ -59,8 +60,16 @@ SCRIPT = Path(__file__).resolve()
 ROOT = SCRIPT.parents[1]
 DTYPE = "float32"
 SEED = 0
-STEPS = ("inputs", "reference", "ceilings", "host-routes", "mgpu-matmul", "mgpu-matmul-per-tile", "mgpu-dot",
-         "cublasxt")
+STEPS = (
+    "inputs",
+    "reference",
+    "ceilings",
+    "host-routes",
+    "mgpu-matmul",
+    "mgpu-matmul-per-tile",
+    "mgpu-dot",
+    "cublasxt",
+)
 PROBE = SCRIPT.parent / "gpus_from_files.py"
 HOST_ROUTES = {  # gpus_from_files.py's methods, as the table names them
     "dma-only": "host: pinned -> GPUs, the DMA alone",
@@ -105,8 +114,9 @@ def default_dot_n(budget: int, n_gpus: int, itemsize: int = 4, factor: float = D
     return max(1, int(factor * budget * n_gpus / (2 * itemsize)))
 
 
-def outofcore_bound(flops: float, nbytes: float, n_gpus: int, gemm_tflops: float | None,
-                    h2d_gbps: float | None) -> dict[str, Any] | None:
+def outofcore_bound(
+    flops: float, nbytes: float, n_gpus: int, gemm_tflops: float | None, h2d_gbps: float | None
+) -> dict[str, Any] | None:
     """The fastest an out-of-core product can be: max(compute time, PCIe time) over the GPUs.
 
     Parameters
@@ -132,8 +142,16 @@ def outofcore_bound(flops: float, nbytes: float, n_gpus: int, gemm_tflops: float
         return None
     bound_by = max(terms, key=lambda k: terms[k])
     seconds = terms[bound_by]
-    return {"seconds": seconds, "compute_s": compute_s, "pcie_s": pcie_s, "bound_by": bound_by,
-            "tflops": flops / seconds / 1e12, "n_gpus": n_gpus, "gemm_tflops": gemm_tflops, "h2d_gbps": h2d_gbps}
+    return {
+        "seconds": seconds,
+        "compute_s": compute_s,
+        "pcie_s": pcie_s,
+        "bound_by": bound_by,
+        "tflops": flops / seconds / 1e12,
+        "n_gpus": n_gpus,
+        "gemm_tflops": gemm_tflops,
+        "h2d_gbps": h2d_gbps,
+    }
 
 
 def share_of_bound(bound_s: float | None, seconds: float | None) -> float | None:
@@ -178,8 +196,9 @@ def job_seconds(result: dict[str, Any]) -> float:
     st = result.get("startup")
     if not st:
         return float(result["compute_s"])
-    return float(result["wall_s"]) - sum(float(st.get(k) or 0.0) for k in ("cluster_s", "ceilings_s", "plan_s",
-                                                                              "warmup_s"))
+    return float(result["wall_s"]) - sum(
+        float(st.get(k) or 0.0) for k in ("cluster_s", "ceilings_s", "plan_s", "warmup_s")
+    )
 
 
 _BASIS = re.compile(r"^(\d+) x (\w+) measured")
@@ -248,9 +267,13 @@ def sample_rows(n: int, count: int = REFERENCE_ROWS, seed: int = 0) -> list[int]
 
 def job_doc(name: str, workload: str, params: dict[str, Any], budget: str, devices: list[int]) -> dict[str, Any]:
     """A job file's content: the workload on ``devices`` under a per-device budget."""
-    return {"name": name, "workload": workload, "params": params,
-            "cluster": {"backend": "auto", "devices": devices, "memory_limit": budget, "dashboard": None},
-            "verify": True}
+    return {
+        "name": name,
+        "workload": workload,
+        "params": params,
+        "cluster": {"backend": "auto", "devices": devices, "memory_limit": budget, "dashboard": None},
+        "verify": True,
+    }
 
 
 # -- children: each runs in its own process ----------------------------------------------
@@ -312,8 +335,9 @@ def child_inputs(cfg: dict[str, Any], out: dict[str, Any], save: Callable[[], No
         step = chunk // itemsize
         for c0 in range(0, length, step):
             c1 = min(length, c0 + step)
-            block = random_block(xp, seed=SEED, operand=operand, rows=(0, 1), cols=(c0, c1), total_cols=length,
-                                 dtype=DTYPE).reshape(-1)
+            block = random_block(
+                xp, seed=SEED, operand=operand, rows=(0, 1), cols=(c0, c1), total_cols=length, dtype=DTYPE
+            ).reshape(-1)
             mm[c0:c1] = block.get() if xp is not np else block
         mm.flush()
         del mm
@@ -361,7 +385,7 @@ def child_reference(cfg: dict[str, Any], out: dict[str, Any], save: Callable[[],
     ref = np.zeros((len(rows), b.shape[1]), dtype=np.float64)
     step = max(1, (512 << 20) // (8 * b.shape[1]))  # row blocks of B, 512 MiB in float64
     for k0 in range(0, b.shape[0], step):
-        ref += a_rows[:, k0:k0 + step] @ np.asarray(b[k0:k0 + step], dtype=np.float64)
+        ref += a_rows[:, k0 : k0 + step] @ np.asarray(b[k0 : k0 + step], dtype=np.float64)
     np.save(Path(cfg["outdir"]) / "raw" / "reference-rows.npy", ref)
     out.update(rows=rows, matmul_s=time.perf_counter() - start)
     save()
@@ -370,7 +394,9 @@ def child_reference(cfg: dict[str, Any], out: dict[str, Any], save: Callable[[],
     y = np.load(p["y"], mmap_mode="r")
     total, step = 0.0, 1 << 24
     for s in range(0, x.shape[0], step):
-        total += float(np.dot(np.asarray(x[s:s + step], dtype=np.float64), np.asarray(y[s:s + step], dtype=np.float64)))
+        total += float(
+            np.dot(np.asarray(x[s : s + step], dtype=np.float64), np.asarray(y[s : s + step], dtype=np.float64))
+        )
     out.update(dot=total, dot_s=time.perf_counter() - start)
 
 
@@ -391,8 +417,12 @@ def child_ceilings(cfg: dict[str, Any], out: dict[str, Any], save: Callable[[], 
             h2d, samples = _h2d_gbps(cupy, cupyx, nbytes)
             cupy.get_default_memory_pool().free_all_blocks()
             cupy.get_default_pinned_memory_pool().free_all_blocks()
-            out["per_gpu"][str(dev)] = {"gemm_float32": gemm["value"], "gemm_samples": gemm["samples"],
-                                        "h2d_pinned": h2d, "h2d_samples": samples}
+            out["per_gpu"][str(dev)] = {
+                "gemm_float32": gemm["value"],
+                "gemm_samples": gemm["samples"],
+                "h2d_pinned": h2d,
+                "h2d_samples": samples,
+            }
         save()
 
 
@@ -446,8 +476,14 @@ def child_cublasxt(cfg: dict[str, Any], out: dict[str, Any], save: Callable[[], 
                     _, warm_s = xt.gemm(wa, wb)  # untimed: the handle's threads, buffers and kernels
                     del wa, wb
                     _, seconds = xt.gemm(a, b, out=c)
-                    run: dict[str, Any] = {"host": host, "block_dim": xt.block_dim, "seconds": seconds,
-                                           "tflops": flops / seconds / 1e12, "warmup_n": w, "warmup_s": warm_s}
+                    run: dict[str, Any] = {
+                        "host": host,
+                        "block_dim": xt.block_dim,
+                        "seconds": seconds,
+                        "tflops": flops / seconds / 1e12,
+                        "warmup_n": w,
+                        "warmup_s": warm_s,
+                    }
                 if ref is not None:
                     run["max_rel_error_vs_float64"] = rel_max_error(c[rows], ref)
                 if mgpu_c is not None:
@@ -469,7 +505,10 @@ def _reference(cfg: dict[str, Any]) -> tuple[list[int], np.ndarray | None]:
 
 
 CHILDREN: dict[str, Callable[[dict[str, Any], dict[str, Any], Callable[[], None]], None]] = {
-    "inputs": child_inputs, "reference": child_reference, "ceilings": child_ceilings, "cublasxt": child_cublasxt,
+    "inputs": child_inputs,
+    "reference": child_reference,
+    "ceilings": child_ceilings,
+    "cublasxt": child_cublasxt,
 }
 
 
@@ -499,14 +538,23 @@ def write_jobs(cfg: dict[str, Any]) -> dict[str, Path]:
     p = _paths(cfg)
     files = {"a": str(p["a"]), "b": str(p["b"])}
     docs = {
-        "mgpu-matmul": job_doc("outofcore-matmul-distributed", "matmul",
-                               {"input": files, "output": str(p["c"]), "operands": "distributed"},
-                               cfg["budget"], cfg["devices"]),
-        "mgpu-matmul-per-tile": job_doc("outofcore-matmul-per-tile", "matmul",
-                                        {"input": files, "output": str(p["c-per-tile"]), "operands": "per-tile"},
-                                        cfg["budget"], cfg["devices"]),
-        "mgpu-dot": job_doc("outofcore-dot", "dot", {"input": {"x": str(p["x"]), "y": str(p["y"])}},
-                            cfg["budget"], cfg["devices"]),
+        "mgpu-matmul": job_doc(
+            "outofcore-matmul-distributed",
+            "matmul",
+            {"input": files, "output": str(p["c"]), "operands": "distributed"},
+            cfg["budget"],
+            cfg["devices"],
+        ),
+        "mgpu-matmul-per-tile": job_doc(
+            "outofcore-matmul-per-tile",
+            "matmul",
+            {"input": files, "output": str(p["c-per-tile"]), "operands": "per-tile"},
+            cfg["budget"],
+            cfg["devices"],
+        ),
+        "mgpu-dot": job_doc(
+            "outofcore-dot", "dot", {"input": {"x": str(p["x"]), "y": str(p["y"])}}, cfg["budget"], cfg["devices"]
+        ),
     }
     out = {}
     for name, doc in docs.items():
@@ -524,8 +572,22 @@ def plan_steps(cfg: dict[str, Any]) -> list[Step]:
     n, length = cfg["n"], cfg["dot_n"]
     gb = 4 * (3 * n * n + 2 * length) / 1e9  # every byte of every file, A to y
     p = _paths(cfg)
-    routes = [sys.executable, str(PROBE), str(p["x"]), str(p["y"]), "--gpus", str(len(cfg["devices"])),
-              "--methods", "pread", "--chunks", "16", "--repeat", "1", "--json", str(raw / "host-routes.json")]
+    routes = [
+        sys.executable,
+        str(PROBE),
+        str(p["x"]),
+        str(p["y"]),
+        "--gpus",
+        str(len(cfg["devices"])),
+        "--methods",
+        "pread",
+        "--chunks",
+        "16",
+        "--repeat",
+        "1",
+        "--json",
+        str(raw / "host-routes.json"),
+    ]
     steps = [
         Step("inputs", me + ["inputs"], 300 + 5 * gb, _parse_child, raw / "inputs.json"),
         Step("reference", me + ["reference"], 300 + 3 * gb, _parse_child, raw / "reference.json"),
@@ -548,12 +610,21 @@ def _mgpu_summary(result: dict[str, Any] | None, flops: float | None, nbytes: fl
     if not result:
         return None
     seconds = job_seconds(result)
-    out = {"status": result.get("status"), "verify": (result.get("verify") or {}).get("passed"),
-           "max_rel_error": (result.get("verify") or {}).get("max_rel_error"), "seconds": seconds,
-           "compute_s": result.get("compute_s"), "wall_s": result.get("wall_s"), "startup": result.get("startup"),
-           "throughput": result.get("throughput"), "plan": result.get("plan"), "backend": result.get("backend"),
-           "pcie_bytes": pcie_bytes(result), "n_devices": len(result.get("per_device") or []),
-           "value": result.get("value")}
+    out = {
+        "status": result.get("status"),
+        "verify": (result.get("verify") or {}).get("passed"),
+        "max_rel_error": (result.get("verify") or {}).get("max_rel_error"),
+        "seconds": seconds,
+        "compute_s": result.get("compute_s"),
+        "wall_s": result.get("wall_s"),
+        "startup": result.get("startup"),
+        "throughput": result.get("throughput"),
+        "plan": result.get("plan"),
+        "backend": result.get("backend"),
+        "pcie_bytes": pcie_bytes(result),
+        "n_devices": len(result.get("per_device") or []),
+        "value": result.get("value"),
+    }
     if flops:
         out["tflops"] = flops / seconds / 1e12 if seconds else None
     if nbytes:
@@ -577,8 +648,10 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     bound = outofcore_bound(flops, min_bytes, n_gpus, gemm, h2d)
     xt = steps.get("cublasxt", {}).get("out") or {}
     bound_s = bound["seconds"] if bound else None
-    xt_best = {host: {**run, "share_of_bound": share_of_bound(bound_s, run["seconds"])}
-               for host, run in best_runs(xt.get("runs")).items()}
+    xt_best = {
+        host: {**run, "share_of_bound": share_of_bound(bound_s, run["seconds"])}
+        for host, run in best_runs(xt.get("runs")).items()
+    }
     mgpu = _mgpu_summary(mm, flops, None)
     per_tile = _mgpu_summary(pt, flops, None)
     for run in (mgpu, per_tile):
@@ -600,20 +673,38 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         ref = (steps.get("reference", {}).get("out") or {}).get("dot")
         if ref is not None and dot_sum.get("value") is not None:
             dot_sum["rel_error_vs_float64"] = abs(dot_sum["value"] - ref) / max(abs(ref), 1e-300)
-    failed = {key: " ".join(steps[name]["error"].split())[:120] for key, name in (
-        ("mgpu", "mgpu-matmul"), ("per_tile", "mgpu-matmul-per-tile"), ("dot", "mgpu-dot"))
-        if "error" in steps.get(name, {})}
+    failed = {
+        key: " ".join(steps[name]["error"].split())[:120]
+        for key, name in (("mgpu", "mgpu-matmul"), ("per_tile", "mgpu-matmul-per-tile"), ("dot", "mgpu-dot"))
+        if "error" in steps.get(name, {})
+    }
     return {
         "n_gpus": n_gpus,
         "backend": (mm or dot or {}).get("backend"),
         "failed": failed,
         "ceilings": ceilings,
-        "matmul": {"m": n, "n": n, "k": n, "dtype": DTYPE, "flops": flops, "bound": bound, "mgpu": mgpu,
-                   "per_tile": per_tile, "cublasxt": xt_best, "cublasxt_runs": xt.get("runs"),
-                   "cublasxt_status": xt.get("status") or steps.get("cublasxt", {}).get("error") or "not run",
-                   "check": report.get("checks", {})},
-        "pcie": {"minimum": min_bytes, "distributed": pcie_bytes(mm), "per_tile": pcie_bytes(pt),
-                 "per_tile_planned": per_tile_planned, "dot": pcie_bytes(dot), "dot_minimum": dot_bytes},
+        "matmul": {
+            "m": n,
+            "n": n,
+            "k": n,
+            "dtype": DTYPE,
+            "flops": flops,
+            "bound": bound,
+            "mgpu": mgpu,
+            "per_tile": per_tile,
+            "cublasxt": xt_best,
+            "cublasxt_runs": xt.get("runs"),
+            "cublasxt_status": xt.get("status") or steps.get("cublasxt", {}).get("error") or "not run",
+            "check": report.get("checks", {}),
+        },
+        "pcie": {
+            "minimum": min_bytes,
+            "distributed": pcie_bytes(mm),
+            "per_tile": pcie_bytes(pt),
+            "per_tile_planned": per_tile_planned,
+            "dot": pcie_bytes(dot),
+            "dot_minimum": dot_bytes,
+        },
         "dot": dot_sum,
         "host_routes": host,
         "inputs": steps.get("inputs", {}).get("out"),
@@ -647,34 +738,64 @@ def print_table(s: dict[str, Any]) -> None:
     mm, pcie, dot = s["matmul"], s["pcie"], s["dot"]
     bound = mm["bound"]
     where = f"{s['n_gpus']} GPUs" if s["backend"] != "cpu" else f"{s['n_gpus']} CPU workers"
-    table = Table(title=f"out of core, {mm['m']}³ {mm['dtype']} matmul and dot from .npy files, {where}",
-                  title_justify="left")
-    for col, just in (("figure", "left"), ("seconds", "right"), ("value", "right"), ("unit", "left"),
-                      ("of bound", "right"), ("mgpu ×", "right"), ("note", "left")):
+    table = Table(
+        title=f"out of core, {mm['m']}³ {mm['dtype']} matmul and dot from .npy files, {where}", title_justify="left"
+    )
+    for col, just in (
+        ("figure", "left"),
+        ("seconds", "right"),
+        ("value", "right"),
+        ("unit", "left"),
+        ("of bound", "right"),
+        ("mgpu ×", "right"),
+        ("note", "left"),
+    ):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     if bound:
-        table.add_row("bound: max(compute, PCIe)", _fmt(bound["seconds"], ".3g"), _fmt(bound["tflops"], ".4g"),
-                      "TFLOP/s", "100%", "", f"{bound['bound_by']}-bound; {s['n_gpus']} x "
-                      f"{_fmt(bound['gemm_tflops'], '.4g')} TFLOP/s, {s['n_gpus']} x {_fmt(bound['h2d_gbps'], '.4g')} GB/s")
+        table.add_row(
+            "bound: max(compute, PCIe)",
+            _fmt(bound["seconds"], ".3g"),
+            _fmt(bound["tflops"], ".4g"),
+            "TFLOP/s",
+            "100%",
+            "",
+            f"{bound['bound_by']}-bound; {s['n_gpus']} x "
+            f"{_fmt(bound['gemm_tflops'], '.4g')} TFLOP/s, {s['n_gpus']} x {_fmt(bound['h2d_gbps'], '.4g')} GB/s",
+        )
     for label, key in (("mgpu matmul, operands distributed", "mgpu"), ("mgpu matmul, operands per-tile", "per_tile")):
         run = mm[key]
         if run:
             ratios = ", ".join(f"{_fmt(r, '.2f')} {host}" for host, r in run["x_cublasxt"].items())
-            table.add_row(label, _fmt(run["seconds"], ".3g"), _fmt(run.get("tflops"), ".4g"), "TFLOP/s",
-                          _fmt(run.get("share_of_bound"), ".1%"), ratios,
-                          f"verify {run['verify']}; compute_s {_fmt(run['compute_s'], '.3g')}")
+            table.add_row(
+                label,
+                _fmt(run["seconds"], ".3g"),
+                _fmt(run.get("tflops"), ".4g"),
+                "TFLOP/s",
+                _fmt(run.get("share_of_bound"), ".1%"),
+                ratios,
+                f"verify {run['verify']}; compute_s {_fmt(run['compute_s'], '.3g')}",
+            )
         elif s["failed"].get(key):
             table.add_row(label, "-", "-", "", "", "", s["failed"][key])
     for host, xt in mm["cublasxt"].items():
-        table.add_row(f"cuBLASXt, {host}, block {xt['block_dim']}", _fmt(xt["seconds"], ".3g"),
-                      _fmt(xt["tflops"], ".4g"), "TFLOP/s", _fmt(xt.get("share_of_bound"), ".1%"),
-                      _fmt(speedup(xt["seconds"], (mm["mgpu"] or {}).get("seconds")), ".2f"),
-                      f"max rel. error vs float64 {_fmt(xt.get('max_rel_error_vs_float64'), '.2e')}, "
-                      f"vs mgpu {_fmt(xt.get('max_rel_error_vs_mgpu'), '.2e')}")
+        table.add_row(
+            f"cuBLASXt, {host}, block {xt['block_dim']}",
+            _fmt(xt["seconds"], ".3g"),
+            _fmt(xt["tflops"], ".4g"),
+            "TFLOP/s",
+            _fmt(xt.get("share_of_bound"), ".1%"),
+            _fmt(speedup(xt["seconds"], (mm["mgpu"] or {}).get("seconds")), ".2f"),
+            f"max rel. error vs float64 {_fmt(xt.get('max_rel_error_vs_float64'), '.2e')}, "
+            f"vs mgpu {_fmt(xt.get('max_rel_error_vs_mgpu'), '.2e')}",
+        )
     if not mm["cublasxt"]:
         table.add_row("cuBLASXt", "-", "-", "", "", "", str(mm["cublasxt_status"]))
-    for label, key in (("PCIe bytes, distributed", "distributed"), ("PCIe bytes, per-tile", "per_tile"),
-                       ("PCIe bytes, per-tile as planned", "per_tile_planned"), ("PCIe bytes, minimum (A+B+C)", "minimum")):
+    for label, key in (
+        ("PCIe bytes, distributed", "distributed"),
+        ("PCIe bytes, per-tile", "per_tile"),
+        ("PCIe bytes, per-tile as planned", "per_tile_planned"),
+        ("PCIe bytes, minimum (A+B+C)", "minimum"),
+    ):
         value = pcie[key]
         if value is not None:
             table.add_row(label, "", format_bytes(value), "", "", "", f"{value / pcie['minimum']:.2f} x minimum")
@@ -683,24 +804,58 @@ def print_table(s: dict[str, Any]) -> None:
     if not dot and s["failed"].get("dot"):
         table.add_row("mgpu dot from files", "-", "-", "", "", "", s["failed"]["dot"])
     if dot:
-        table.add_row("mgpu dot from files", _fmt(dot["seconds"], ".3g"), _fmt(dot["gbps"], ".4g"), "GB/s",
-                      _fmt(dot["share"], ".1%"), "", f"of {_fmt(dot['limit_gbps'], '.4g')} GB/s ({s['n_gpus']} x pinned "
-                      f"H2D); PCIe {format_bytes(pcie['dot'] or 0)} of {format_bytes(pcie['dot_minimum'])}")
+        table.add_row(
+            "mgpu dot from files",
+            _fmt(dot["seconds"], ".3g"),
+            _fmt(dot["gbps"], ".4g"),
+            "GB/s",
+            _fmt(dot["share"], ".1%"),
+            "",
+            f"of {_fmt(dot['limit_gbps'], '.4g')} GB/s ({s['n_gpus']} x pinned "
+            f"H2D); PCIe {format_bytes(pcie['dot'] or 0)} of {format_bytes(pcie['dot_minimum'])}",
+        )
         if dot.get("share_of_host_route"):
-            table.add_row("mgpu dot, share of the host's route", "", _fmt(dot["share_of_host_route"], ".1%"), "",
-                          "", "", "of the faster host route from the files, no Dask (below)")
+            table.add_row(
+                "mgpu dot, share of the host's route",
+                "",
+                _fmt(dot["share_of_host_route"], ".1%"),
+                "",
+                "",
+                "",
+                "of the faster host route from the files, no Dask (below)",
+            )
     for method, label in HOST_ROUTES.items():
         if method in s["host_routes"]:
-            table.add_row(label, "", _fmt(s["host_routes"][method], ".4g"), "GB/s", "", "",
-                          "x and y, every GPU at once, no Dask (gpus_from_files.py)")
+            table.add_row(
+                label,
+                "",
+                _fmt(s["host_routes"][method], ".4g"),
+                "GB/s",
+                "",
+                "",
+                "x and y, every GPU at once, no Dask (gpus_from_files.py)",
+            )
     inputs = s["inputs"] or {}
     if inputs.get("seconds"):
-        table.add_row("making the input files", _fmt(inputs["seconds"], ".3g"), format_bytes(inputs["bytes"]), "", "",
-                      "", f"generated with {inputs.get('generator')}")
+        table.add_row(
+            "making the input files",
+            _fmt(inputs["seconds"], ".3g"),
+            format_bytes(inputs["bytes"]),
+            "",
+            "",
+            "",
+            f"generated with {inputs.get('generator')}",
+        )
     if inputs.get("first_read_s"):
-        table.add_row("their first read (untimed in both)", _fmt(inputs["first_read_s"], ".3g"),
-                      _fmt(inputs["bytes"] / inputs["first_read_s"] / 1e9, ".3g"), "GB/s", "", "",
-                      "8 threads; a file's first read after writing costs the kernel more")
+        table.add_row(
+            "their first read (untimed in both)",
+            _fmt(inputs["first_read_s"], ".3g"),
+            _fmt(inputs["bytes"] / inputs["first_read_s"] / 1e9, ".3g"),
+            "GB/s",
+            "",
+            "",
+            "8 threads; a file's first read after writing costs the kernel more",
+        )
     Console(width=160).print(table)
 
 
@@ -714,11 +869,20 @@ def orchestrate(cfg: dict[str, Any], only: set[str] | None) -> dict[str, Any]:
     if only:
         steps = [s for s in steps if s.name in only]
     report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv, **{k: cfg[k] for k in (
-            "quick", "n", "dot_n", "budget", "budget_bytes", "devices", "scratch", "xt_blocks", "xt_host")},
-        "dtype": DTYPE, "seed": SEED, "nvidia_smi": _nvidia_smi(), "versions": _versions(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "argv": sys.argv,
+        **{
+            k: cfg[k]
+            for k in ("quick", "n", "dot_n", "budget", "budget_bytes", "devices", "scratch", "xt_blocks", "xt_host")
+        },
+        "dtype": DTYPE,
+        "seed": SEED,
+        "nvidia_smi": _nvidia_smi(),
+        "versions": _versions(),
         "jobs": {p.stem: p.read_text() for p in sorted(outdir.glob("mgpu-*.yaml"))},
-        "commands": [], "steps": {}, "checks": {},
+        "commands": [],
+        "steps": {},
+        "checks": {},
         "notes": [
             "mgpu seconds: from the end of its warm-up to its result (job_seconds), i.e. reading A and B from "
             "the files, every tile and writing C; compute_s (mgpu's own tile span) is kept beside it.",
@@ -782,20 +946,43 @@ def _int_list(text: str, param: str) -> list[int]:
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("outdir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--n", "n", type=click.IntRange(1), help="A and B are n x n float32  [default: 49152; 8192 with --quick]")
-@click.option("--dot-n", type=click.IntRange(1), help="length of x and y  [default: 1.5 budgets per GPU; at most 2e8 with --quick]")
+@click.option(
+    "--dot-n",
+    type=click.IntRange(1),
+    help="length of x and y  [default: 1.5 budgets per GPU; at most 2e8 with --quick]",
+)
 @click.option("--budget", default="16GiB", show_default=True, help="cluster.memory_limit, the per-device budget")
-@click.option("--scratch", type=click.Path(file_okay=False, path_type=Path),
-              help="folder for the .npy files  [default: a new temporary folder]")
+@click.option(
+    "--scratch",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="folder for the .npy files  [default: a new temporary folder]",
+)
 @click.option("--devices", default="0,1", show_default=True, help="GPU ids (CPU workers where there is no GPU)")
 @click.option("--xt-blocks", default="8192,4096", show_default=True, help="cuBLASXt block dimensions to try")
-@click.option("--xt-host", default="pageable,pinned", show_default=True,
-              help="cuBLASXt's host memory: pageable (as NumPy holds it), pinned (page-locked first, untimed)")
+@click.option(
+    "--xt-host",
+    default="pageable,pinned",
+    show_default=True,
+    help="cuBLASXt's host memory: pageable (as NumPy holds it), pinned (page-locked first, untimed)",
+)
 @click.option("--quick", is_flag=True, help="smaller sizes, no per-tile run, one cuBLASXt block dimension")
 @click.option("--keep", is_flag=True, help="keep the .npy files (a later run with the same sizes reuses them)")
 @click.option("--only", metavar="STEP,...", help=f"run only these steps ({', '.join(STEPS)})")
 @click.option("--child", type=click.Choice(sorted(CHILDREN)), hidden=True)
-def main(outdir: Path, n: int | None, dot_n: int | None, budget: str, scratch: Path | None, devices: str,
-         xt_blocks: str, xt_host: str, quick: bool, keep: bool, only: str | None, child: str | None) -> None:
+def main(
+    outdir: Path,
+    n: int | None,
+    dot_n: int | None,
+    budget: str,
+    scratch: Path | None,
+    devices: str,
+    xt_blocks: str,
+    xt_host: str,
+    quick: bool,
+    keep: bool,
+    only: str | None,
+    child: str | None,
+) -> None:
     """Run mgpu's out-of-core matmul and dot from .npy files and cuBLASXt on the same
     host arrays; print a table and write OUTDIR/outofcore.json."""
     outdir = outdir.resolve()
@@ -817,17 +1004,25 @@ def main(outdir: Path, n: int | None, dot_n: int | None, budget: str, scratch: P
         raise click.BadParameter(f"expected pageable, pinned or both, got {xt_host!r}", param_hint="--xt-host")
     chosen = set(only.split(",")) if only else None
     if chosen and chosen - set(STEPS):
-        raise click.BadParameter(f"unknown step(s) {sorted(chosen - set(STEPS))}; the steps are {list(STEPS)}",
-                                 param_hint="--only")
+        raise click.BadParameter(
+            f"unknown step(s) {sorted(chosen - set(STEPS))}; the steps are {list(STEPS)}", param_hint="--only"
+        )
     made = scratch is None
     scratch = Path(tempfile.mkdtemp(prefix="mgpu-outofcore-")) if scratch is None else scratch.resolve()
     scratch.mkdir(parents=True, exist_ok=True)
     cfg = {
-        "outdir": str(outdir), "quick": quick, "n": n or SIZES["n"][quick],
+        "outdir": str(outdir),
+        "quick": quick,
+        "n": n or SIZES["n"][quick],
         "dot_n": dot_n or min(default_dot_n(budget_bytes, len(device_ids)), QUICK_DOT_N if quick else 1 << 62),
         "budget": budget,
-        "budget_bytes": budget_bytes, "devices": device_ids, "scratch": str(scratch), "scratch_made": made,
-        "xt_blocks": blocks[:1] if quick else blocks, "xt_host": hosts, "keep": keep,
+        "budget_bytes": budget_bytes,
+        "devices": device_ids,
+        "scratch": str(scratch),
+        "scratch_made": made,
+        "xt_blocks": blocks[:1] if quick else blocks,
+        "xt_host": hosts,
+        "keep": keep,
     }
     report = orchestrate(cfg, chosen)
     print_table(report["summary"])

@@ -81,12 +81,17 @@ def main(gib: float, repeat: int, json_path: Path | None) -> None:
     for kind in ("h2d", "d2h"):
         alone = [_timed([c], kind)[0][0] for c in copiers]
         together, wall = _timed(copiers, kind)
-        report[kind] = {"alone_gbps": alone, "at_once_gbps": together,
-                        "at_once_sum_gbps": gpus * repeat * nbytes / wall / 1e9,
-                        "sum_alone_gbps": sum(alone)}
-        print(f"{kind}: alone {', '.join(f'{r:.1f}' for r in alone)} GB/s (sum {sum(alone):.1f}); "
-              f"at once {', '.join(f'{r:.1f}' for r in together)} GB/s, "
-              f"together {report[kind]['at_once_sum_gbps']:.1f} GB/s")
+        report[kind] = {
+            "alone_gbps": alone,
+            "at_once_gbps": together,
+            "at_once_sum_gbps": gpus * repeat * nbytes / wall / 1e9,
+            "sum_alone_gbps": sum(alone),
+        }
+        print(
+            f"{kind}: alone {', '.join(f'{r:.1f}' for r in alone)} GB/s (sum {sum(alone):.1f}); "
+            f"at once {', '.join(f'{r:.1f}' for r in together)} GB/s, "
+            f"together {report[kind]['at_once_sum_gbps']:.1f} GB/s"
+        )
     if json_path:
         json_path.write_text(json.dumps(report, indent=1))
 

@@ -28,9 +28,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 
@@ -38,12 +39,28 @@ ROOT = Path(__file__).resolve().parents[1]
 DEVICES = "0,1"
 
 SIZES: dict[str, dict[str, int]] = {
-    "full": {"ceil_n": 16384, "copy_bytes": 4 << 30, "mm_n": 32768, "mm_chunk": 8192,
-             "cupy_dot_n": 1_000_000_000, "dot_n": 2_000_000_000, "dot_chunk": 250_000_000,
-             "lc_size": 40000, "lc_chunk": 10000},
-    "quick": {"ceil_n": 4096, "copy_bytes": 1 << 30, "mm_n": 8192, "mm_chunk": 2048,
-              "cupy_dot_n": 100_000_000, "dot_n": 200_000_000, "dot_chunk": 25_000_000,
-              "lc_size": 10000, "lc_chunk": 2500},
+    "full": {
+        "ceil_n": 16384,
+        "copy_bytes": 4 << 30,
+        "mm_n": 32768,
+        "mm_chunk": 8192,
+        "cupy_dot_n": 1_000_000_000,
+        "dot_n": 2_000_000_000,
+        "dot_chunk": 250_000_000,
+        "lc_size": 40000,
+        "lc_chunk": 10000,
+    },
+    "quick": {
+        "ceil_n": 4096,
+        "copy_bytes": 1 << 30,
+        "mm_n": 8192,
+        "mm_chunk": 2048,
+        "cupy_dot_n": 100_000_000,
+        "dot_n": 200_000_000,
+        "dot_chunk": 25_000_000,
+        "lc_size": 10000,
+        "lc_chunk": 2500,
+    },
 }
 
 # group -> (ceiling key in the per-GPU ceilings, unit); each group holds one mgpu figure.
@@ -102,7 +119,7 @@ def parse_local_cupy_text(text: str) -> dict[str, Any]:
             continue
         if value.strip() == "Throughput":  # the header of the per-run rows
             runs = []
-            for row in rows[i + 1:]:
+            for row in rows[i + 1 :]:
                 if set(row.strip()) == {"="}:
                     break
                 if set(row.strip()) == {"-"}:
@@ -150,12 +167,14 @@ def build_rows(figures: list[dict[str, Any]], ceilings: dict[str, float] | None)
         ceiling = (ceilings or {}).get(GROUPS.get(group, ("", ""))[0])
         for f in sorted(members, key=lambda f: (f["system"] != "mgpu", not f["system"].startswith("mgpu"))):
             value = f.get("value")
-            rows.append({
-                **f,
-                "ceiling": ceiling,
-                "share": value / ceiling if value and ceiling else None,
-                "mgpu_ratio": ref / value if ref and value and not f["system"].startswith("mgpu") else None,
-            })
+            rows.append(
+                {
+                    **f,
+                    "ceiling": ceiling,
+                    "share": value / ceiling if value and ceiling else None,
+                    "mgpu_ratio": ref / value if ref and value and not f["system"].startswith("mgpu") else None,
+                }
+            )
     return rows
 
 
@@ -214,8 +233,13 @@ def child_cupy(sizes: dict[str, int], out: dict[str, Any], save: Callable[[], No
     import cupy
 
     gemms = (("gemm_float32", "float32", False), ("gemm_float64", "float64", False), ("gemm_tf32", "float32", True))
-    out.update(ceilings={}, names={}, cupy=cupy.__version__, runtime=cupy.cuda.runtime.runtimeGetVersion(),
-               driver=cupy.cuda.runtime.driverGetVersion())
+    out.update(
+        ceilings={},
+        names={},
+        cupy=cupy.__version__,
+        runtime=cupy.cuda.runtime.runtimeGetVersion(),
+        driver=cupy.cuda.runtime.driverGetVersion(),
+    )
     for dev in [int(d) for d in DEVICES.split(",")][: cupy.cuda.runtime.getDeviceCount()]:
         with cupy.cuda.Device(dev):
             ceil = {key: _gemm(cupy, sizes["ceil_n"], dtype, tf32, 2, 5)["value"] for key, dtype, tf32 in gemms}
@@ -230,17 +254,32 @@ def child_cupy(sizes: dict[str, int], out: dict[str, Any], save: Callable[[], No
             r = _gemm(cupy, n, dtype, tf32, 1, 3)
             cupy.get_default_memory_pool().free_all_blocks()
             kind = key.split("_")[1]
-            out["figures"].append({"group": f"matmul-{kind}", "system": "cupy-1gpu", "unit": "TFLOP/s",
-                                   "label": f"cupy.matmul {kind} {n}³, one GPU", **r})
+            out["figures"].append(
+                {
+                    "group": f"matmul-{kind}",
+                    "system": "cupy-1gpu",
+                    "unit": "TFLOP/s",
+                    "label": f"cupy.matmul {kind} {n}³, one GPU",
+                    **r,
+                }
+            )
             save()
         m = sizes["cupy_dot_n"]
         rs = cupy.random.RandomState(0)
         x = rs.random_sample(m, dtype="float32")
         y = rs.random_sample(m, dtype="float32")
         t, samples = _event_median(cupy, lambda: cupy.dot(x, y), 2, 5)
-        out["figures"].append({"group": "dot-float32", "system": "cupy-1gpu", "unit": "GB/s",
-                               "label": f"cupy.dot float32 {m:.0e}, one GPU",
-                               "value": 8 * m / t / 1e9, "seconds": t, "samples": samples})
+        out["figures"].append(
+            {
+                "group": "dot-float32",
+                "system": "cupy-1gpu",
+                "unit": "GB/s",
+                "label": f"cupy.dot float32 {m:.0e}, one GPU",
+                "value": 8 * m / t / 1e9,
+                "seconds": t,
+                "samples": samples,
+            }
+        )
 
 
 def _sync_device() -> None:
@@ -265,8 +304,14 @@ def child_dask_array(sizes: dict[str, int], protocol: str, out: dict[str, Any], 
     if protocol == "ucx":
         kwargs["enable_nvlink"] = True
     t0 = time.perf_counter()
-    cluster = LocalCUDACluster(CUDA_VISIBLE_DEVICES=DEVICES, n_workers=2, threads_per_worker=1,
-                               rmm_pool_size="40GB", dashboard_address=None, **kwargs)
+    cluster = LocalCUDACluster(
+        CUDA_VISIBLE_DEVICES=DEVICES,
+        n_workers=2,
+        threads_per_worker=1,
+        rmm_pool_size="40GB",
+        dashboard_address=None,
+        **kwargs,
+    )
     client = Client(cluster)
     client.wait_for_workers(2)
     out["cluster_start_s"] = time.perf_counter() - t0
@@ -292,12 +337,28 @@ def child_dask_array(sizes: dict[str, int], protocol: str, out: dict[str, Any], 
     n, c = sizes["mm_n"], sizes["mm_chunk"]
     m, mc = sizes["dot_n"], sizes["dot_chunk"]
     cases = [
-        ("matmul-float32", "TFLOP/s", 2 * n**3 / 1e12, f"matmul f32 {n}³ c{c}",
-         lambda: (rs.random_sample((n, n), chunks=c, dtype=np.float32),
-                  rs.random_sample((n, n), chunks=c, dtype=np.float32)), lambda x, y: x @ y),
-        ("dot-float32", "GB/s", 8 * m / 1e9, f"dot f32 {m:.0e} c{mc:.0e}",
-         lambda: (rs.random_sample(m, chunks=mc, dtype=np.float32),
-                  rs.random_sample(m, chunks=mc, dtype=np.float32)), lambda x, y: da.dot(x, y)),
+        (
+            "matmul-float32",
+            "TFLOP/s",
+            2 * n**3 / 1e12,
+            f"matmul f32 {n}³ c{c}",
+            lambda: (
+                rs.random_sample((n, n), chunks=c, dtype=np.float32),
+                rs.random_sample((n, n), chunks=c, dtype=np.float32),
+            ),
+            lambda x, y: x @ y,
+        ),
+        (
+            "dot-float32",
+            "GB/s",
+            8 * m / 1e9,
+            f"dot f32 {m:.0e} c{mc:.0e}",
+            lambda: (
+                rs.random_sample(m, chunks=mc, dtype=np.float32),
+                rs.random_sample(m, chunks=mc, dtype=np.float32),
+            ),
+            lambda x, y: da.dot(x, y),
+        ),
     ]
     for group, unit, work, label, make, op in cases:
         try:
@@ -306,11 +367,17 @@ def child_dask_array(sizes: dict[str, int], protocol: str, out: dict[str, Any], 
                 samples = [timed(make, op, persisted) for _ in range(PEER_REPEAT)]
                 t = statistics.median(samples)
                 what = "inputs persisted first" if persisted else "end to end"
-                out["figures"].append({
-                    "group": group, "system": f"dask-array-{protocol}" + ("-persisted" if persisted else ""),
-                    "label": f"dask.array {label}, {protocol.upper()}, {what}", "unit": unit,
-                    "value": work / t, "seconds": t, "samples": samples,
-                })
+                out["figures"].append(
+                    {
+                        "group": group,
+                        "system": f"dask-array-{protocol}" + ("-persisted" if persisted else ""),
+                        "label": f"dask.array {label}, {protocol.upper()}, {what}",
+                        "unit": unit,
+                        "value": work / t,
+                        "seconds": t,
+                        "samples": samples,
+                    }
+                )
                 save()
         except Exception as e:  # the other case may still run
             out.setdefault("errors", []).append(f"{label}: {type(e).__name__}: {e}")
@@ -379,15 +446,35 @@ def _parse_mgpu(group: str, label: str) -> Callable[[Path, Path], dict[str, Any]
     def parse(raw: Path, log: Path) -> dict[str, Any]:
         r = json.loads(raw.read_text())
         thr = r["throughput"]
-        fig = {"group": group, "system": "mgpu", "label": label, "unit": thr["unit"], "value": thr["value"],
-               "kernel": thr.get("kernel"), "seconds": r["compute_s"], "wall_s": r["wall_s"],
-               "compute_s": r["compute_s"], "roofline": r.get("roofline"), "status": r["status"],
-               "verify": r["verify"].get("passed"), "plan": r.get("plan"), "protocol": r.get("env", {}).get("protocol")}
+        fig = {
+            "group": group,
+            "system": "mgpu",
+            "label": label,
+            "unit": thr["unit"],
+            "value": thr["value"],
+            "kernel": thr.get("kernel"),
+            "seconds": r["compute_s"],
+            "wall_s": r["wall_s"],
+            "compute_s": r["compute_s"],
+            "roofline": r.get("roofline"),
+            "status": r["status"],
+            "verify": r["verify"].get("passed"),
+            "plan": r.get("plan"),
+            "protocol": r.get("env", {}).get("protocol"),
+        }
         figures = [fig]
         if thr.get("kernel"):
-            figures.append({"group": group, "system": "mgpu-kernels", "label": label + ", kernels alone",
-                            "unit": thr["unit"], "value": thr["kernel"]})
+            figures.append(
+                {
+                    "group": group,
+                    "system": "mgpu-kernels",
+                    "label": label + ", kernels alone",
+                    "unit": thr["unit"],
+                    "value": thr["kernel"],
+                }
+            )
         return {"figures": figures, "result": r}
+
     return parse
 
 
@@ -407,12 +494,19 @@ def _parse_local_cupy(protocol: str, size: int, chunk: int) -> Callable[[Path, P
         if not runs:
             raise ValueError("local_cupy gave neither its JSON nor a 'Wall clock' table")
         t = statistics.median(runs)
-        fig = {"group": "local-cupy-dot", "system": f"local_cupy-{protocol}",
-               "label": f"dask-cuda local_cupy -o dot -s {size} -c {chunk}, {protocol.upper()}"
-                        + (" + NVLink" if protocol == "ucx" else ""),
-               "unit": "TFLOP/s", "value": 2 * size**3 / t / 1e12, "seconds": t, "samples": runs,
-               "source": source}
+        fig = {
+            "group": "local-cupy-dot",
+            "system": f"local_cupy-{protocol}",
+            "label": f"dask-cuda local_cupy -o dot -s {size} -c {chunk}, {protocol.upper()}"
+            + (" + NVLink" if protocol == "ucx" else ""),
+            "unit": "TFLOP/s",
+            "value": 2 * size**3 / t / 1e12,
+            "seconds": t,
+            "samples": runs,
+            "source": source,
+        }
         return {"figures": [fig], "printed": printed}
+
     return parse
 
 
@@ -424,34 +518,100 @@ def plan_steps(outdir: Path, quick: bool) -> list[Step]:
     steps = [Step("cupy", me + ["--peer", "cupy"], 180, _parse_child, raw / "cupy.json")]
     n, big = s["mm_n"], s["lc_size"]
     mgpu_jobs = [
-        ("mgpu-matmul-f32", "jobs/matmul-32k.yaml", "matmul-float32", [f"params.{k}={n}" for k in "mnk"],
-         f"mgpu matmul float32 {n}³"),
-        ("mgpu-matmul-f64", "jobs/matmul-32k-f64.yaml", "matmul-float64", [f"params.{k}={n}" for k in "mnk"],
-         f"mgpu matmul float64 {n}³"),
-        ("mgpu-matmul-tf32", "jobs/matmul-32k-tf32.yaml", "matmul-tf32", [f"params.{k}={n}" for k in "mnk"],
-         f"mgpu matmul tf32 {n}³"),
-        ("mgpu-dot", "jobs/dot-2g.yaml", "dot-float32", [f"params.n={s['dot_n']}"], f"mgpu dot float32 {s['dot_n']:.0e}"),
+        (
+            "mgpu-matmul-f32",
+            "jobs/matmul-32k.yaml",
+            "matmul-float32",
+            [f"params.{k}={n}" for k in "mnk"],
+            f"mgpu matmul float32 {n}³",
+        ),
+        (
+            "mgpu-matmul-f64",
+            "jobs/matmul-32k-f64.yaml",
+            "matmul-float64",
+            [f"params.{k}={n}" for k in "mnk"],
+            f"mgpu matmul float64 {n}³",
+        ),
+        (
+            "mgpu-matmul-tf32",
+            "jobs/matmul-32k-tf32.yaml",
+            "matmul-tf32",
+            [f"params.{k}={n}" for k in "mnk"],
+            f"mgpu matmul tf32 {n}³",
+        ),
+        (
+            "mgpu-dot",
+            "jobs/dot-2g.yaml",
+            "dot-float32",
+            [f"params.n={s['dot_n']}"],
+            f"mgpu dot float32 {s['dot_n']:.0e}",
+        ),
         # local_cupy -o dot computes x.dot(y) of two size x size float64 random arrays.
-        ("mgpu-matmul-40k-f64", "jobs/matmul-32k-f64.yaml", "local-cupy-dot", [f"params.{k}={big}" for k in "mnk"],
-         f"mgpu matmul float64 {big}³ (local_cupy's dot)"),
+        (
+            "mgpu-matmul-40k-f64",
+            "jobs/matmul-32k-f64.yaml",
+            "local-cupy-dot",
+            [f"params.{k}={big}" for k in "mnk"],
+            f"mgpu matmul float64 {big}³ (local_cupy's dot)",
+        ),
     ]
     for name, job, group, sets, label in mgpu_jobs:
         path = raw / f"{name}.json"
-        cmd = [sys.executable, "-m", "mgpu", "submit", job, "--devices", DEVICES, "--no-dashboard", "-q",
-               "--json", str(path)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mgpu",
+            "submit",
+            job,
+            "--devices",
+            DEVICES,
+            "--no-dashboard",
+            "-q",
+            "--json",
+            str(path),
+        ]
         for kv in sets:
             cmd += ["--set", kv]
         steps.append(Step(name, cmd, 180, _parse_mgpu(group, label), path))
     # TCP first: a UCX start that hangs then costs only the UCX figures.
     for protocol, da_timeout, lc_timeout in (("tcp", 200, 200), ("ucx", 150, 120)):
-        steps.append(Step(f"dask-array-{protocol}", me + ["--peer", "dask-array", "--protocol", protocol], da_timeout,
-                          _parse_child, raw / f"dask-array-{protocol}.json"))
+        steps.append(
+            Step(
+                f"dask-array-{protocol}",
+                me + ["--peer", "dask-array", "--protocol", protocol],
+                da_timeout,
+                _parse_child,
+                raw / f"dask-array-{protocol}.json",
+            )
+        )
         base = raw / f"local-cupy-{protocol}"
         extra = ["-p", "ucx", "--enable-nvlink"] if protocol == "ucx" else []
-        cmd = [sys.executable, "-m", "dask_cuda.benchmarks.local_cupy", "-o", "dot", "-s", str(big),
-               "-c", str(s["lc_chunk"]), "-d", DEVICES, *extra, *LOCAL_CUPY_RUNS, "--output-basename", str(base)]
-        steps.append(Step(f"local-cupy-{protocol}", cmd, lc_timeout, _parse_local_cupy(protocol, big, s["lc_chunk"]),
-                          base.with_suffix(".json")))
+        cmd = [
+            sys.executable,
+            "-m",
+            "dask_cuda.benchmarks.local_cupy",
+            "-o",
+            "dot",
+            "-s",
+            str(big),
+            "-c",
+            str(s["lc_chunk"]),
+            "-d",
+            DEVICES,
+            *extra,
+            *LOCAL_CUPY_RUNS,
+            "--output-basename",
+            str(base),
+        ]
+        steps.append(
+            Step(
+                f"local-cupy-{protocol}",
+                cmd,
+                lc_timeout,
+                _parse_local_cupy(protocol, big, s["lc_chunk"]),
+                base.with_suffix(".json"),
+            )
+        )
     return steps
 
 
@@ -495,13 +655,17 @@ def run_step(step: Step, logs: Path, timeout: float, grace: float = 30.0) -> dic
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     shown = ["python3", *step.cmd[1:]] if step.cmd[0] == sys.executable else step.cmd
-    rec: dict[str, Any] = {"cmd": " ".join(shown), "timeout_s": round(timeout),
-                           "log": str(log.relative_to(logs.parent))}
+    rec: dict[str, Any] = {
+        "cmd": " ".join(shown),
+        "timeout_s": round(timeout),
+        "log": str(log.relative_to(logs.parent)),
+    }
     start = time.perf_counter()
     finished_at = None
     with open(log, "w") as fh:
-        proc = subprocess.Popen(step.cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            step.cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             while True:
                 try:
@@ -545,8 +709,21 @@ def _versions() -> dict[str, str]:
     import platform
 
     out = {"python": platform.python_version()}
-    for dist in ("mgpu", "numpy", "cupy-cuda13x", "cupy-cuda12x", "dask", "distributed", "dask-cuda", "rmm-cu13",
-                 "rmm-cu12", "distributed-ucxx-cu13", "ucxx-cu13", "libucx-cu13", "pydantic"):
+    for dist in (
+        "mgpu",
+        "numpy",
+        "cupy-cuda13x",
+        "cupy-cuda12x",
+        "dask",
+        "distributed",
+        "dask-cuda",
+        "rmm-cu13",
+        "rmm-cu12",
+        "distributed-ucxx-cu13",
+        "ucxx-cu13",
+        "libucx-cu13",
+        "pydantic",
+    ):
         try:
             out[dist] = md.version(dist)
         except md.PackageNotFoundError:
@@ -567,16 +744,27 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(title="mgpu and its peers, 2 GPUs, one run", title_justify="left")
-    for col, just in (("group", "left"), ("figure", "left"), ("value", "right"), ("unit", "left"),
-                      ("s", "right"), ("of 2-GPU ceiling", "right"), ("mgpu/peer", "right")):
+    for col, just in (
+        ("group", "left"),
+        ("figure", "left"),
+        ("value", "right"),
+        ("unit", "left"),
+        ("s", "right"),
+        ("of 2-GPU ceiling", "right"),
+        ("mgpu/peer", "right"),
+    ):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     last = None
     for r in rows:
-        table.add_row(r["group"] if r["group"] != last else "", r["label"],
-                      f"{r['value']:.4g}" if r.get("value") else "-", r["unit"],
-                      f"{r['seconds']:.3g}" if r.get("seconds") else "-",
-                      f"{r['share']:.1%}" if r.get("share") else "-",
-                      f"{r['mgpu_ratio']:.2f}x" if r.get("mgpu_ratio") else "-")
+        table.add_row(
+            r["group"] if r["group"] != last else "",
+            r["label"],
+            f"{r['value']:.4g}" if r.get("value") else "-",
+            r["unit"],
+            f"{r['seconds']:.3g}" if r.get("seconds") else "-",
+            f"{r['share']:.1%}" if r.get("share") else "-",
+            f"{r['mgpu_ratio']:.2f}x" if r.get("mgpu_ratio") else "-",
+        )
         last = r["group"]
     Console(width=150).print(table)
 
@@ -587,17 +775,24 @@ def orchestrate(outdir: Path, quick: bool, only: set[str] | None, budget: float)
     if only:
         unknown = only - {s.name for s in steps}
         if unknown:
-            raise click.BadParameter(f"unknown step(s) {sorted(unknown)}; the steps are {[s.name for s in steps]}",
-                                     param_hint="--only")
+            raise click.BadParameter(
+                f"unknown step(s) {sorted(unknown)}; the steps are {[s.name for s in steps]}", param_hint="--only"
+            )
         steps = [s for s in steps if s.name in only]
     deadline = time.perf_counter() + budget
     logs = outdir / "logs"
     for d in (outdir, logs, outdir / "raw"):
         d.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv, "quick": quick,
-        "sizes": SIZES["quick" if quick else "full"], "devices": DEVICES, "nvidia_smi": _nvidia_smi(),
-        "versions": _versions(), "steps": {}, "figures": [],
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "argv": sys.argv,
+        "quick": quick,
+        "sizes": SIZES["quick" if quick else "full"],
+        "devices": DEVICES,
+        "nvidia_smi": _nvidia_smi(),
+        "versions": _versions(),
+        "steps": {},
+        "figures": [],
         "notes": [
             "Values are rates (higher is better); mgpu/peer = mgpu's value over the peer's in the same group.",
             "Ceilings: plain cupy.matmul at ceil_n^3 and a device copy (read + written), each GPU alone, summed.",
@@ -630,8 +825,13 @@ def orchestrate(outdir: Path, quick: bool, only: set[str] | None, budget: float)
 @click.argument("outdir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--quick", is_flag=True, help="small sizes, for a smoke run")
 @click.option("--only", metavar="STEP,...", help="run only these steps (cupy, mgpu-matmul-f32, dask-array-ucx, ...)")
-@click.option("--budget", type=click.FloatRange(60, 3600), default=480, show_default=True,
-              help="seconds for the whole run; later steps are skipped when it is spent")
+@click.option(
+    "--budget",
+    type=click.FloatRange(60, 3600),
+    default=480,
+    show_default=True,
+    help="seconds for the whole run; later steps are skipped when it is spent",
+)
 @click.option("--peer", type=click.Choice(["cupy", "dask-array"]), hidden=True)
 @click.option("--protocol", type=click.Choice(["tcp", "ucx"]), default="tcp", hidden=True)
 def main(outdir: Path, quick: bool, only: str | None, budget: float, peer: str | None, protocol: str) -> None:

@@ -26,7 +26,7 @@ def _make(path: Path, gib: float) -> None:
     rows = int(gib * (1 << 30)) // (4 * cols)
     mm = np.lib.format.open_memmap(str(path), mode="w+", dtype=np.float32, shape=(rows, cols))
     for r in range(0, rows, 4096):
-        mm[r:r + 4096] = np.float32(r)
+        mm[r : r + 4096] = np.float32(r)
     mm.flush()
 
 
@@ -38,8 +38,9 @@ def probe(path: str) -> dict[str, float]:
     from mgpu import transfer
     from mgpu.device import Device, DeviceFacts
 
-    dev = Device("cuda", cupy, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"),
-                 new_stream=lambda: cupy.cuda.Stream(non_blocking=True))
+    dev = Device(
+        "cuda", cupy, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"), new_stream=lambda: cupy.cuda.Stream(non_blocking=True)
+    )
     out: dict[str, float] = {}
     for threads in (8, 16):
         with dask.config.set({"mgpu.transfer.host-threads": threads}):
@@ -72,8 +73,10 @@ def main(scratch: Path, gib: float, json_path: Path | None) -> None:
     for p in paths:
         _make(p, gib)
     report: dict[str, Any] = {"gib": gib, "gpus": gpus, "alone": probe(str(paths[0]))}
-    with LocalCUDACluster(n_workers=gpus, threads_per_worker=1, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCUDACluster(n_workers=gpus, threads_per_worker=1, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         workers = sorted(client.scheduler_info()["workers"])
         futures = [client.submit(probe, str(p), workers=[w], pure=False) for p, w in zip(paths, workers)]
         report["in_workers_at_once"] = client.gather(futures)

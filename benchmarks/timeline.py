@@ -65,7 +65,9 @@ def summarise(records: list[TileRecord]) -> dict[str, dict[str, Any]]:
         busy = sum(r.busy_s for r in recs)
         in_task = sum(r.stop - r.start for r in recs)
         out[worker] = {
-            "tiles": len(recs), "span_s": span, "busy_s": busy,
+            "tiles": len(recs),
+            "span_s": span,
+            "busy_s": busy,
             "idle_between_s": idle_between([(r.start, r.stop) for r in recs]),
             "in_task_off_kernel_s": in_task - busy,
             "tile_s": sorted((round(r.stop - r.start, 4), round(r.busy_s, 4)) for r in recs),
@@ -94,8 +96,10 @@ def panel_lines(panels: list[TileRecord], tiles: list[TileRecord]) -> list[str]:
     for p in sorted(panels, key=lambda p: p.start):
         seconds = p.stop - p.start
         rate = f", {p.bytes_h2d / seconds / 1e9:.1f} GB/s" if p.bytes_h2d and seconds > 0 else ""
-        lines.append(f"panel {p.extra.get('panel', '?')}: {p.start - t0:+.3f} -> {p.stop - t0:+.3f} s, "
-                     f"{p.bytes_h2d / 1e9:.2f} GB{rate}")
+        lines.append(
+            f"panel {p.extra.get('panel', '?')}: {p.start - t0:+.3f} -> {p.stop - t0:+.3f} s, "
+            f"{p.bytes_h2d / 1e9:.2f} GB{rate}"
+        )
     return lines
 
 
@@ -107,22 +111,31 @@ def main(job_file: Path, sets: tuple[str, ...], json_path: Path | None) -> None:
     keep = _Keep()
     result = run_job(load_job(job_file, list(sets)), keep)
     summary = summarise(keep.records)
-    print(f"{result.workload}: {result.throughput.value:.4g} {result.throughput.unit}, "
-          f"compute {result.compute_s:.3f} s, wall {result.wall_s:.3f} s")
+    print(
+        f"{result.workload}: {result.throughput.value:.4g} {result.throughput.unit}, "
+        f"compute {result.compute_s:.3f} s, wall {result.wall_s:.3f} s"
+    )
     for worker, s in summary.items():
-        print(f"  {worker}: {s['tiles']} tiles, span {s['span_s']:.3f} s, busy {s['busy_s']:.3f} s, "
-              f"no tile running {s['idle_between_s']:.3f} s, in tasks off the kernel {s['in_task_off_kernel_s']:.3f} s")
+        print(
+            f"  {worker}: {s['tiles']} tiles, span {s['span_s']:.3f} s, busy {s['busy_s']:.3f} s, "
+            f"no tile running {s['idle_between_s']:.3f} s, in tasks off the kernel {s['in_task_off_kernel_s']:.3f} s"
+        )
         if s["steps_s"]:
             print("    median " + ", ".join(f"{step} {sec * 1e3:.1f} ms" for step, sec in s["steps_s"].items()))
         for line in panel_lines([p for p in keep.panels if p.worker == worker], keep.records):
             print("    " + line)
     if json_path:
         records = [{k: v for k, v in vars(r).items() if k != "extra"} for r in keep.records]
-        panels = [{**{k: v for k, v in vars(r).items() if k != "extra"}, "panel": r.extra.get("panel")}
-                  for r in keep.panels]
-        json_path.write_text(json.dumps({"summary": summary, "records": records, "panels": panels,
-                                         "result": result.model_dump(mode="json")}, indent=1,
-                                        default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+        panels = [
+            {**{k: v for k, v in vars(r).items() if k != "extra"}, "panel": r.extra.get("panel")} for r in keep.panels
+        ]
+        json_path.write_text(
+            json.dumps(
+                {"summary": summary, "records": records, "panels": panels, "result": result.model_dump(mode="json")},
+                indent=1,
+                default=lambda o: o.item() if hasattr(o, "item") else str(o),
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -20,8 +20,17 @@ from distributed import WorkerPlugin
 
 from . import device as _device
 
-__all__ = ["AllocatorStats", "Counts", "RmmTracker", "begin_job", "describe_chain", "end_job", "resource_chain",
-           "window_from_snapshots", "window_from_stack"]
+__all__ = [
+    "AllocatorStats",
+    "Counts",
+    "RmmTracker",
+    "begin_job",
+    "describe_chain",
+    "end_job",
+    "resource_chain",
+    "window_from_snapshots",
+    "window_from_stack",
+]
 
 
 @dataclass(frozen=True)
@@ -138,8 +147,12 @@ def describe_chain(chain: list[Any], mr: Any) -> tuple[str, Any, int | None]:
     """(kind, the ``PoolMemoryResource`` if any, a ``LimitingResourceAdaptor``'s limit if any)
     of a resource chain, top first; ``mr`` is ``rmm.mr``. The topmost known resource names
     the kind: a pool over managed memory is a pool."""
-    kinds = ((mr.PoolMemoryResource, "pool"), (mr.CudaAsyncMemoryResource, "async"),
-             (mr.ManagedMemoryResource, "managed"), (mr.CudaMemoryResource, "cuda"))
+    kinds = (
+        (mr.PoolMemoryResource, "pool"),
+        (mr.CudaAsyncMemoryResource, "async"),
+        (mr.ManagedMemoryResource, "managed"),
+        (mr.CudaMemoryResource, "cuda"),
+    )
     kind, pool, limit = None, None, None
     for res in chain:
         if limit is None and isinstance(res, mr.LimitingResourceAdaptor):

@@ -15,8 +15,9 @@ import gc
 import importlib.util
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -60,8 +61,7 @@ def _pool(size: int) -> tuple[Any, Any]:
     import rmm
 
     room = _align_up(size) + (1 << 20)
-    return rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=room,
-                                     maximum_pool_size=room), None
+    return rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=room, maximum_pool_size=room), None
 
 
 def _async(size: int) -> tuple[Any, Any]:
@@ -89,8 +89,9 @@ def _fallback_spill(size: int) -> tuple[Any, Any]:
     from .spill import ManagedFallback
 
     cap = spill_cap(size)
-    fallback = ManagedFallback(rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=cap,
-                                                         maximum_pool_size=cap))
+    fallback = ManagedFallback(
+        rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=cap, maximum_pool_size=cap)
+    )
     return fallback.resource, fallback
 
 
@@ -147,8 +148,9 @@ def parse_sizes(text: str) -> list[int]:
         try:
             size = parse_size(int(part) if part.isdigit() else part, key="--sizes")
         except ValueError:
-            raise JobInputError(f"--sizes: {part!r} is not a size; give positive bytes (4096) or sizes "
-                                "like 1MiB,64MiB,1GiB") from None
+            raise JobInputError(
+                f"--sizes: {part!r} is not a size; give positive bytes (4096) or sizes like 1MiB,64MiB,1GiB"
+            ) from None
         out.append(int(size))
     if not out:
         raise JobInputError("--sizes: give one size or more, like 1MiB,64MiB,1GiB")
@@ -176,8 +178,9 @@ def check_device(device: int) -> None:
     if count == 0:
         raise JobInputError(f"mgpu bench alloc needs a GPU: {why}")
     if not 0 <= device < count:
-        raise JobInputError(f"--device: GPU {device} does not exist; this machine has {count} GPU(s), "
-                            f"ids 0-{count - 1}")
+        raise JobInputError(
+            f"--device: GPU {device} does not exist; this machine has {count} GPU(s), ids 0-{count - 1}"
+        )
 
 
 def summarise(samples: list[float]) -> tuple[float, float, float]:
@@ -208,8 +211,9 @@ def _cycle_us(mr: Any, size: int, iterations: int, repeats: int) -> list[float]:
     return samples
 
 
-def run_alloc_bench(*, device: int = 0, sizes: list[int], iterations: int = 50, repeats: int = 5,
-                    allocators: list[str] | None = None) -> AllocBench:
+def run_alloc_bench(
+    *, device: int = 0, sizes: list[int], iterations: int = 50, repeats: int = 5, allocators: list[str] | None = None
+) -> AllocBench:
     """Time every allocator at every size on GPU ``device``.
 
     Raises
@@ -224,14 +228,24 @@ def run_alloc_bench(*, device: int = 0, sizes: list[int], iterations: int = 50, 
     free, total = cupy.cuda.runtime.memGetInfo()
     too_big = [s for s in sizes if 4 * s > free]
     if too_big:
-        raise JobInputError(f"--sizes: {format_bytes(too_big[0])} is more than a quarter of GPU {device}'s free "
-                            f"memory ({format_bytes(free)}); choose smaller sizes")
+        raise JobInputError(
+            f"--sizes: {format_bytes(too_big[0])} is more than a quarter of GPU {device}'s free "
+            f"memory ({format_bytes(free)}); choose smaller sizes"
+        )
     name = cupy.cuda.runtime.getDeviceProperties(device)["name"]
     limit = managed_limit(free)
     bench = AllocBench(
-        device={"id": device, "name": name.decode() if isinstance(name, bytes) else str(name), "free": int(free),
-                "total": int(total)},
-        sizes=list(sizes), iterations=iterations, repeats=repeats, managed_limit=limit, rows=[],
+        device={
+            "id": device,
+            "name": name.decode() if isinstance(name, bytes) else str(name),
+            "free": int(free),
+            "total": int(total),
+        },
+        sizes=list(sizes),
+        iterations=iterations,
+        repeats=repeats,
+        managed_limit=limit,
+        rows=[],
     )
     for key in allocators or list(ALLOCATORS):
         _, uses_managed, factory = ALLOCATORS[key]
@@ -268,8 +282,11 @@ def _compare(bench: AllocBench) -> None:
 def print_alloc_bench(bench: AllocBench, console: Console) -> None:
     """A table of µs per allocate + use + free (median of the repeats) and the ratio to cudaMalloc."""
     d = bench.device
-    table = Table(title=f"allocate + memset + free on GPU {d['id']} ({d['name']}): µs per cycle, median of "
-                        f"{bench.repeats} x {bench.iterations}", title_justify="left")
+    table = Table(
+        title=f"allocate + memset + free on GPU {d['id']} ({d['name']}): µs per cycle, median of "
+        f"{bench.repeats} x {bench.iterations}",
+        title_justify="left",
+    )
     table.add_column("allocator", style="bold")
     for size in bench.sizes:
         table.add_column(format_bytes(size), justify="right")
@@ -284,12 +301,17 @@ def print_alloc_bench(bench: AllocBench, console: Console) -> None:
                 cells.append(f"{r.us:.4g}{ratio}")
         table.add_row(key, *cells)
     console.print(table)
-    console.print("(x: the time relative to cudaMalloc at the same size; "
-                  f"managed buffers capped at {format_bytes(bench.managed_limit)})")
+    console.print(
+        "(x: the time relative to cudaMalloc at the same size; "
+        f"managed buffers capped at {format_bytes(bench.managed_limit)})"
+    )
     for size, extra in bench.fallback_overhead_us.items():
-        console.print(f"spill fallback wrapper at {format_bytes(int(size))}: {extra:+.3g} µs per allocation "
-                      "over the raw pool")
+        console.print(
+            f"spill fallback wrapper at {format_bytes(int(size))}: {extra:+.3g} µs per allocation over the raw pool"
+        )
     spilled = [r for r in bench.rows if r.allocator == "fallback-spill" and r.fallback_events]
     for r in spilled:
-        console.print(f"fallback path at {format_bytes(r.size)}: {r.fallback_events} allocations went to managed "
-                      f"memory (pool capped at {format_bytes(spill_cap(r.size))})")
+        console.print(
+            f"fallback path at {format_bytes(r.size)}: {r.fallback_events} allocations went to managed "
+            f"memory (pool capped at {format_bytes(spill_cap(r.size))})"
+        )

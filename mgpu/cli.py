@@ -59,9 +59,13 @@ class _Reporter(Events):
     def start_bar(self, total: int) -> None:
         if self.show_progress:
             self.progress = Progress(
-                TextColumn("tiles"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
-                console=self.console, transient=True,
+                TextColumn("tiles"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=True,
             )
             self.task = self.progress.add_task("tiles", total=total, rate="")
             self.started = time.perf_counter()
@@ -78,8 +82,7 @@ class _Reporter(Events):
         if not self.keep_open:
             return
         link = info.dashboard_link or "off"
-        message = (f"mgpu: cluster kept open at {info.client.scheduler.address}, dashboard {link}; "
-                   "press Ctrl-C to close")
+        message = f"mgpu: cluster kept open at {info.client.scheduler.address}, dashboard {link}; press Ctrl-C to close"
         if self.console.quiet:
             click.echo(message, err=True)
         else:
@@ -87,13 +90,15 @@ class _Reporter(Events):
         _wait_for_interrupt()
 
     def worker_lost(self, worker: str, tiles: list[int]) -> None:
-        self.console.print(f"mgpu: lost worker {worker}; recomputing its tile(s) {tiles[:20]} on the others",
-                           soft_wrap=True)
+        self.console.print(
+            f"mgpu: lost worker {worker}; recomputing its tile(s) {tiles[:20]} on the others", soft_wrap=True
+        )
 
     def job_started(self, index: int, job: Any) -> None:
         if len(self.files) > 1:
-            self.console.print(f"mgpu: job {index + 1} of {len(self.files)}: {job.name} ({self.files[index]})",
-                               soft_wrap=True)
+            self.console.print(
+                f"mgpu: job {index + 1} of {len(self.files)}: {job.name} ({self.files[index]})", soft_wrap=True
+            )
 
     def job_done(self, result: Any) -> None:
         self.close()
@@ -134,37 +139,69 @@ def cli() -> None:
 
 
 @cli.command(context_settings=_CONTEXT)
-@click.argument("job_files", metavar="JOB_FILE...", nargs=-1, required=True,
-                type=click.Path(dir_okay=False, path_type=Path))
+@click.argument(
+    "job_files", metavar="JOB_FILE...", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path)
+)
 @click.option("--devices", help="all, a count (2) or device ids (0,1); overrides cluster.devices")
 @click.option("--backend", type=click.Choice(["auto", "cuda", "cpu"]), help="overrides cluster.backend")
-@click.option("--allocator", type=click.Choice(["pool", "async", "managed", "default"]),
-              help="overrides cluster.allocator")
+@click.option(
+    "--allocator", type=click.Choice(["pool", "async", "managed", "default"]), help="overrides cluster.allocator"
+)
 @click.option("--scheduler", metavar="ADDR", help="join a running cluster (address or scheduler file)")
-@click.option("--scheduler-file", metavar="PATH", type=click.Path(exists=True, dir_okay=False),
-              help="join the running cluster whose scheduler wrote PATH (dask scheduler --scheduler-file)")
+@click.option(
+    "--scheduler-file",
+    metavar="PATH",
+    type=click.Path(exists=True, dir_okay=False),
+    help="join the running cluster whose scheduler wrote PATH (dask scheduler --scheduler-file)",
+)
 @click.option("--tls-ca-file", metavar="PEM", help="CA certificate(s) for a TLS scheduler (tls://)")
 @click.option("--tls-cert", metavar="PEM", help="this client's certificate for a TLS scheduler")
 @click.option("--tls-key", metavar="PEM", help="this client's private key (unless it is in --tls-cert)")
 @click.option("--dashboard", metavar="ADDR", help="dashboard address (default 127.0.0.1:8787)")
 @click.option("--no-dashboard", is_flag=True, help="start no dashboard")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a job key, e.g. params.m=4096")
-@click.option("--json", "json_path", metavar="PATH",
-              help="write the result as JSON (- for stdout); a list of results for several jobs")
+@click.option(
+    "--json",
+    "json_path",
+    metavar="PATH",
+    help="write the result as JSON (- for stdout); a list of results for several jobs",
+)
 @click.option("--no-verify", is_flag=True, help="skip checking the tiles")
 @click.option("--force", is_flag=True, help="replace output files that already exist")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar and no table")
 @click.option("--keep-open", is_flag=True, help="keep the cluster and dashboard up after the jobs until Ctrl-C")
-def submit(job_files: tuple[Path, ...], devices: str | None, backend: str | None, allocator: str | None,
-           scheduler: str | None, scheduler_file: str | None, tls_ca_file: str | None, tls_cert: str | None,
-           tls_key: str | None, dashboard: str | None, no_dashboard: bool, sets: tuple[str, ...],
-           json_path: str | None, no_verify: bool, force: bool, quiet: bool, keep_open: bool) -> None:
+def submit(
+    job_files: tuple[Path, ...],
+    devices: str | None,
+    backend: str | None,
+    allocator: str | None,
+    scheduler: str | None,
+    scheduler_file: str | None,
+    tls_ca_file: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    dashboard: str | None,
+    no_dashboard: bool,
+    sets: tuple[str, ...],
+    json_path: str | None,
+    no_verify: bool,
+    force: bool,
+    quiet: bool,
+    keep_open: bool,
+) -> None:
     """Run job files, one after another on one cluster, and report each."""
     if scheduler and scheduler_file:
         raise click.UsageError("give --scheduler or --scheduler-file, not both")
     scheduler = scheduler or (str(Path(scheduler_file).resolve()) if scheduler_file else None)
-    overrides = _overrides(sets, backend=backend, allocator=allocator, scheduler=scheduler, dashboard=dashboard,
-                           no_dashboard=no_dashboard, no_verify=no_verify)
+    overrides = _overrides(
+        sets,
+        backend=backend,
+        allocator=allocator,
+        scheduler=scheduler,
+        dashboard=dashboard,
+        no_dashboard=no_dashboard,
+        no_verify=no_verify,
+    )
     if devices is not None:
         overrides.append(f"cluster.devices={_devices_override(devices)}")
     if force:
@@ -172,8 +209,9 @@ def submit(job_files: tuple[Path, ...], devices: str | None, backend: str | None
 
     # With JSON on stdout, everything meant for a person goes to stderr.
     console = Console(stderr=json_path == "-" or quiet, quiet=quiet)
-    reporter = _Reporter(console, show_progress=not quiet and console.is_terminal and json_path != "-",
-                         files=list(job_files))
+    reporter = _Reporter(
+        console, show_progress=not quiet and console.is_terminal and json_path != "-", files=list(job_files)
+    )
     reporter.keep_open = keep_open
     not_run = ""
     try:
@@ -196,8 +234,11 @@ def submit(job_files: tuple[Path, ...], devices: str | None, backend: str | None
     except Interrupted as e:
         if len(reporter.results) == len(job_files):
             _fail(f"interrupted ({e}) while closing the cluster; every job had finished", e.exit_code)
-        _fail(f"interrupted ({e}); the job's tasks were cancelled, the cluster mgpu started was closed, "
-              f"and no partial output was kept{not_run}", e.exit_code)
+        _fail(
+            f"interrupted ({e}); the job's tasks were cancelled, the cluster mgpu started was closed, "
+            f"and no partial output was kept{not_run}",
+            e.exit_code,
+        )
     except KeyboardInterrupt:
         _fail("interrupted; the cluster was closed and no output was kept", 130)
 
@@ -241,19 +282,29 @@ def info(as_json: bool, calibrate: bool) -> None:
         for g in facts["gpus"]:
             links = facts["nvlink"].get(str(g["id"]))
             nvl = f", {links} NVLink links active" if links else ""
-            console.print(f"  GPU {g['id']}: {g['name']}, {g['memory'] / 2**30:.1f} GiB, "
-                          f"compute capability {g['compute_capability']}{nvl}")
+            console.print(
+                f"  GPU {g['id']}: {g['name']}, {g['memory'] / 2**30:.1f} GiB, "
+                f"compute capability {g['compute_capability']}{nvl}"
+            )
         pairs = ", ".join(f"{a}->{b}" for a, b in facts["peer_access"]) or "none"
         console.print(f"peer access: {pairs}")
     console.print("versions: " + ", ".join(f"{k} {v}" for k, v in facts["versions"].items()))
     console.print(f"allocators: {', '.join(facts['allocators'])}; UCX: {'yes' if facts['ucx'] else 'no'}")
     for dev, rates in facts.get("ceilings", {}).items():
-        console.print(f"ceilings of {dev}: " + ", ".join(
-            f"{k} {v:.4g} {_CEILING_UNITS[k.split('_')[0]]}" for k, v in sorted(rates.items())))
+        console.print(
+            f"ceilings of {dev}: "
+            + ", ".join(f"{k} {v:.4g} {_CEILING_UNITS[k.split('_')[0]]}" for k, v in sorted(rates.items()))
+        )
 
 
-_CEILING_UNITS = {"gemm": "TFLOP/s", "copy": "GB/s", "mandelbrot": "Giter/s", "h2d": "GB/s", "d2h": "GB/s",
-                  "peer": "GB/s"}
+_CEILING_UNITS = {
+    "gemm": "TFLOP/s",
+    "copy": "GB/s",
+    "mandelbrot": "Giter/s",
+    "h2d": "GB/s",
+    "d2h": "GB/s",
+    "peer": "GB/s",
+}
 
 
 def _calibrate() -> dict[str, dict[str, float]]:
@@ -283,99 +334,151 @@ class _SweepReporter(_Reporter):
 
 @cli.command(context_settings=_CONTEXT)
 @click.argument("job_file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="folder for scale.csv, scale.json, the plots, REPORT.md and each run's result")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="folder for scale.csv, scale.json, the plots, REPORT.md and each run's result",
+)
 @click.option("--devices", "counts", metavar="N,N,...", help="device counts (default 1, 2, 4, ... up to all)")
-@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
-              help="runs per device count and size")
+@click.option(
+    "--repeat", type=click.IntRange(min=1), default=3, show_default=True, help="runs per device count and size"
+)
 @click.option("--weak", is_flag=True, help="grow the problem with the devices (the job's scale.grow)")
 @click.option("--sizes", metavar="KEY[,KEY]=V,V,...", help="sweep sizes, e.g. params.n=1e8,2e8 or m,n,k=2048,4096")
 @click.option("--backend", type=click.Choice(["auto", "cuda", "cpu"]), help="overrides cluster.backend")
-@click.option("--allocator", type=click.Choice(["pool", "async", "managed", "default"]),
-              help="overrides cluster.allocator")
+@click.option(
+    "--allocator", type=click.Choice(["pool", "async", "managed", "default"]), help="overrides cluster.allocator"
+)
 @click.option("--dashboard", metavar="ADDR", help="dashboard address (default 127.0.0.1:8787)")
 @click.option("--no-dashboard", is_flag=True, help="start no dashboard")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a job key, e.g. params.m=4096")
 @click.option("--no-verify", is_flag=True, help="skip checking the tiles")
 @click.option("--force", is_flag=True, help="replace a sweep already in --out, and the job's output files")
 @click.option("--quiet", "-q", is_flag=True, help="no progress and no table")
-def scale(job_file: Path, out_dir: Path, counts: str | None, repeat: int, weak: bool, sizes: str | None,
-          backend: str | None, allocator: str | None, dashboard: str | None, no_dashboard: bool,
-          sets: tuple[str, ...], no_verify: bool, force: bool, quiet: bool) -> None:
+def scale(
+    job_file: Path,
+    out_dir: Path,
+    counts: str | None,
+    repeat: int,
+    weak: bool,
+    sizes: str | None,
+    backend: str | None,
+    allocator: str | None,
+    dashboard: str | None,
+    no_dashboard: bool,
+    sets: tuple[str, ...],
+    no_verify: bool,
+    force: bool,
+    quiet: bool,
+) -> None:
     """Run a job on several device counts (and sizes) and report how it scales."""
     from .cluster import resolve_cluster
     from .report import row_from_result, with_efficiency, write_report
     from .scale import default_counts, parse_counts, parse_sizes, plan_sweep, run_sweep, size_label
 
-    overrides = _overrides(sets, backend=backend, allocator=allocator, dashboard=dashboard,
-                           no_dashboard=no_dashboard, no_verify=no_verify)
+    overrides = _overrides(
+        sets, backend=backend, allocator=allocator, dashboard=dashboard, no_dashboard=no_dashboard, no_verify=no_verify
+    )
     console = Console(stderr=True, quiet=quiet)  # a line per run; the table goes to stdout
     reporter = _SweepReporter(console, show_progress=not quiet and console.is_terminal)
     rows: list[dict[str, Any]] = []
     try:
         if (out_dir / "scale.json").exists() and not force:
-            raise JobInputError(f"--out: {str(out_dir)!r} already holds a sweep (scale.json); "
-                                "choose another folder or pass --force")
+            raise JobInputError(
+                f"--out: {str(out_dir)!r} already holds a sweep (scale.json); choose another folder or pass --force"
+            )
         if counts is None:
             base = load_job(job_file, overrides)
             device_counts = default_counts(resolve_cluster(base.cluster).backend)
         else:
             device_counts = parse_counts(counts)
-        runs = plan_sweep(job_file, device_counts, repeat, weak=weak,
-                          sizes=parse_sizes(sizes) if sizes else None, overrides=overrides)
+        runs = plan_sweep(
+            job_file, device_counts, repeat, weak=weak, sizes=parse_sizes(sizes) if sizes else None, overrides=overrides
+        )
         (out_dir / "runs").mkdir(parents=True, exist_ok=True)
         first = runs[0].job
         mode = "weak" if weak else "strong"
         title = f"{first.name}: {mode} scaling" + (f" ({first.workload})" if first.name != first.workload else "")
-        console.print(f"mgpu: {len(runs)} runs, {mode} scaling: {', '.join(map(str, device_counts))} devices"
-                      f"{', sizes ' + sizes if sizes else ''}, {repeat} run{'s' * (repeat != 1)} each", soft_wrap=True)
+        console.print(
+            f"mgpu: {len(runs)} runs, {mode} scaling: {', '.join(map(str, device_counts))} devices"
+            f"{', sizes ' + sizes if sizes else ''}, {repeat} run{'s' * (repeat != 1)} each",
+            soft_wrap=True,
+        )
         try:
             for i, (run, result) in enumerate(run_sweep(runs, reporter, force=force)):
                 reporter.close()
-                rows.append(row_from_result(result, repeat=run.repeat, mode=run.mode,
-                                            base_size=size_label(result.workload, run.base_size),
-                                            source=f"runs/{i + 1:03d}-{run.devices}dev-r{run.repeat + 1}.json"))
+                rows.append(
+                    row_from_result(
+                        result,
+                        repeat=run.repeat,
+                        mode=run.mode,
+                        base_size=size_label(result.workload, run.base_size),
+                        source=f"runs/{i + 1:03d}-{run.devices}dev-r{run.repeat + 1}.json",
+                    )
+                )
                 (out_dir / rows[-1]["source"]).write_text(result.model_dump_json(indent=2) + "\n")
                 row = with_efficiency(rows)[-1]
                 eff = f", efficiency {row['efficiency']:.0%}" if row["efficiency"] is not None else ""
                 bad = ", [red]verification FAILED[/red]" if result.status != "ok" else ""
-                console.print(f"mgpu: run {i + 1}/{len(runs)}: {run.devices} device{'s' * (run.devices != 1)}, "
-                              f"{row['size']}, repeat {run.repeat + 1}/{repeat}: {row['seconds']:.3f} s, "
-                              f"{row['throughput']:.4g} {row['unit']}{eff}{bad}", soft_wrap=True)
+                console.print(
+                    f"mgpu: run {i + 1}/{len(runs)}: {run.devices} device{'s' * (run.devices != 1)}, "
+                    f"{row['size']}, repeat {run.repeat + 1}/{repeat}: {row['seconds']:.3f} s, "
+                    f"{row['throughput']:.4g} {row['unit']}{eff}{bad}",
+                    soft_wrap=True,
+                )
         finally:
             reporter.close()
             if rows:  # also after a failure: the runs done so far are kept
                 env = {k: v for k, v in result.env.items() if k != "worker"}
                 files = write_report(
-                    out_dir, rows, title=title, command="scale",
-                    lines=[f"`mgpu scale {job_file} --devices {','.join(map(str, device_counts))} --repeat {repeat}"
-                           f"{' --weak' if weak else ''}{' --sizes ' + sizes if sizes else ''}`, "
-                           f"{len(rows)} runs on {rows[-1]['backend']} ({rows[-1]['gpu'] or 'CPU workers'}, "
-                           f"host {rows[-1]['host']}); each run on a cluster started anew."],
-                    job=first.as_dict(), mode=mode, devices=device_counts, repeat=repeat, env=env,
+                    out_dir,
+                    rows,
+                    title=title,
+                    command="scale",
+                    lines=[
+                        f"`mgpu scale {job_file} --devices {','.join(map(str, device_counts))} --repeat {repeat}"
+                        f"{' --weak' if weak else ''}{' --sizes ' + sizes if sizes else ''}`, "
+                        f"{len(rows)} runs on {rows[-1]['backend']} ({rows[-1]['gpu'] or 'CPU workers'}, "
+                        f"host {rows[-1]['host']}); each run on a cluster started anew."
+                    ],
+                    job=first.as_dict(),
+                    mode=mode,
+                    devices=device_counts,
+                    repeat=repeat,
+                    env=env,
                 )
     except JobInputError as e:
         _fail(str(e), JobInputError.exit_code)
     except JobFailed as e:
-        _fail(f"job failed: {e}" + (f"; the {len(rows)} runs before it are in {out_dir}" if rows else ""),
-              JobFailed.exit_code)
+        _fail(
+            f"job failed: {e}" + (f"; the {len(rows)} runs before it are in {out_dir}" if rows else ""),
+            JobFailed.exit_code,
+        )
     except KeyboardInterrupt:
         _fail("interrupted" + (f"; the {len(rows)} runs before it are in {out_dir}" if rows else ""), 130)
     _print_summary(rows, [], Console(quiet=quiet))
-    Console(stderr=True, quiet=quiet).print(f"mgpu: wrote {', '.join(str(p) for p in files.values())}",
-                                            soft_wrap=True)
+    Console(stderr=True, quiet=quiet).print(f"mgpu: wrote {', '.join(str(p) for p in files.values())}", soft_wrap=True)
     if any(r["status"] != "ok" for r in rows):
         _fail("verification failed in some runs: their results are wrong", JobFailed.exit_code)
 
 
 @cli.command(context_settings=_CONTEXT)
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--by", default="devices", show_default=True,
-              type=click.Choice(["devices", "allocator", "protocol", "host", "gpu", "backend", "workload", "job",
-                                 "source"]),
-              help="compare runs side by side by this field (devices: one line per job and size)")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="also write report.csv, report.json, the plots and REPORT.md here")
+@click.option(
+    "--by",
+    default="devices",
+    show_default=True,
+    type=click.Choice(["devices", "allocator", "protocol", "host", "gpu", "backend", "workload", "job", "source"]),
+    help="compare runs side by side by this field (devices: one line per job and size)",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="also write report.csv, report.json, the plots and REPORT.md here",
+)
 def report(files: tuple[Path, ...], by: str, out_dir: Path | None) -> None:
     """Tabulate saved results (submit --json, scale.json), and plot them with --out."""
     from .report import load_rows, write_report
@@ -387,10 +490,16 @@ def report(files: tuple[Path, ...], by: str, out_dir: Path | None) -> None:
         _fail(str(e), JobInputError.exit_code)
     _print_summary(rows, fields, Console())
     if out_dir is not None:
-        written = write_report(out_dir, rows, by=fields, command="report",
-                               title="mgpu results" + (f" by {by}" if fields else ""),
-                               lines=[f"{len(rows)} runs from {len(files)} file(s): "
-                                      + ", ".join(sorted({r['source'] for r in rows})[:12])])
+        written = write_report(
+            out_dir,
+            rows,
+            by=fields,
+            command="report",
+            title="mgpu results" + (f" by {by}" if fields else ""),
+            lines=[
+                f"{len(rows)} runs from {len(files)} file(s): " + ", ".join(sorted({r["source"] for r in rows})[:12])
+            ],
+        )
         Console(stderr=True).print(f"mgpu: wrote {', '.join(str(p) for p in written.values())}", soft_wrap=True)
 
 
@@ -420,10 +529,16 @@ def bench() -> None:
 @bench.command("alloc", context_settings=_CONTEXT)
 @click.option("--device", default=0, show_default=True, type=click.IntRange(min=0), help="the GPU to measure")
 @click.option("--sizes", default="1MiB,64MiB,1GiB", show_default=True, help="buffer sizes, comma-separated")
-@click.option("--iterations", default=50, show_default=True, type=click.IntRange(min=1),
-              help="allocate + use + free cycles per timed repeat")
-@click.option("--repeats", default=5, show_default=True, type=click.IntRange(min=1),
-              help="timed repeats; the median is reported")
+@click.option(
+    "--iterations",
+    default=50,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="allocate + use + free cycles per timed repeat",
+)
+@click.option(
+    "--repeats", default=5, show_default=True, type=click.IntRange(min=1), help="timed repeats; the median is reported"
+)
 @click.option("--json", "json_path", metavar="PATH", help="write the figures as JSON (- for stdout)")
 def bench_alloc(device: int, sizes: str, iterations: int, repeats: int, json_path: str | None) -> None:
     """Time allocate + use + free: cudaMalloc, RMM pool, cudaMallocAsync, managed, spill fallback."""

@@ -12,8 +12,9 @@ import re
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from distributed import Client, LocalCluster
 
@@ -83,8 +84,9 @@ class ClusterInfo:
     def budget(self) -> int:
         """Bytes each task may hold on its device: the smallest worker's share."""
         limit = self.resolved.memory_limit
-        return min(resolve_size(AUTO_BUDGET[f.backend] if limit == "auto" else limit, f.memory)
-                   for f in self.devices.values())
+        return min(
+            resolve_size(AUTO_BUDGET[f.backend] if limit == "auto" else limit, f.memory) for f in self.devices.values()
+        )
 
 
 def _cuda_available() -> bool:
@@ -106,14 +108,18 @@ def scheduler_address(value: str) -> str:
     if "://" in value or (_HOST_PORT.match(value) and not os.path.exists(value)):
         return value
     if not os.path.isfile(value):
-        raise JobInputError(f"cluster.scheduler: {value!r} is neither an address (tcp://HOST:8786) nor an "
-                            "existing scheduler file (dask scheduler --scheduler-file PATH)")
+        raise JobInputError(
+            f"cluster.scheduler: {value!r} is neither an address (tcp://HOST:8786) nor an "
+            "existing scheduler file (dask scheduler --scheduler-file PATH)"
+        )
     try:
         with open(value) as f:
             return str(json.load(f)["address"])
     except (OSError, ValueError, KeyError, TypeError):
-        raise JobInputError(f"cluster.scheduler: {value!r} is not a scheduler file (JSON with an 'address', as "
-                            "dask scheduler --scheduler-file writes)") from None
+        raise JobInputError(
+            f"cluster.scheduler: {value!r} is not a scheduler file (JSON with an 'address', as "
+            "dask scheduler --scheduler-file writes)"
+        ) from None
 
 
 def resolve_cluster(spec: ClusterSpec) -> ResolvedCluster:
@@ -127,8 +133,16 @@ def resolve_cluster(spec: ClusterSpec) -> ResolvedCluster:
     if spec.scheduler:
         scheduler_address(spec.scheduler)
         backend = "auto" if spec.backend == "auto" else spec.backend
-        return ResolvedCluster(backend, [], spec.allocator, spec.protocol, spec.memory_limit, spec.scheduler,
-                               spec.dashboard, "joined cluster")
+        return ResolvedCluster(
+            backend,
+            [],
+            spec.allocator,
+            spec.protocol,
+            spec.memory_limit,
+            spec.scheduler,
+            spec.dashboard,
+            "joined cluster",
+        )
 
     backend = spec.backend
     why = f"backend: {backend}"
@@ -169,8 +183,7 @@ def resolve_cluster(spec: ClusterSpec) -> ResolvedCluster:
             )
     # Spilling needs an RMM resource to wrap: GPU workers with a pool or async allocator.
     spill = spec.spill if backend == "cuda" and spec.allocator in ("pool", "async") else "none"
-    return ResolvedCluster(backend, ids, spec.allocator, protocol, spec.memory_limit, None, spec.dashboard, why,
-                           spill)
+    return ResolvedCluster(backend, ids, spec.allocator, protocol, spec.memory_limit, None, spec.dashboard, why, spill)
 
 
 def _start_cuda(rc: ResolvedCluster) -> Any:
@@ -234,8 +247,10 @@ def _join(rc: ResolvedCluster, security: Any) -> Client:
             return Client(scheduler_file=rc.scheduler, security=security)
         return Client(rc.scheduler, security=security)
     except (OSError, TimeoutError) as e:
-        raise JobInputError(f"cluster.scheduler: could not connect to {scheduler_address(rc.scheduler)} "  # type: ignore[arg-type]
-                            f"({type(e).__name__}: {e}); is the scheduler running, and is the address right?") from None
+        raise JobInputError(
+            f"cluster.scheduler: could not connect to {scheduler_address(rc.scheduler)} "  # type: ignore[arg-type]
+            f"({type(e).__name__}: {e}); is the scheduler running, and is the address right?"
+        ) from None
 
 
 def _silence_distributed_logs() -> None:
@@ -286,8 +301,9 @@ def open_cluster(rc: ResolvedCluster, security: Any = None) -> Iterator[ClusterI
         # Workers started without the resource (a joined cluster's) run tiles one per thread.
         workers = client.scheduler_info(n_workers=-1)["workers"]
         slots = all(SLOT in workers.get(addr, {}).get("resources", {}) for addr in ordered)
-        yield ClusterInfo(client, rc, owned=cluster is not None, devices=ordered, spills=rc.spill == "managed",
-                          slots=slots)
+        yield ClusterInfo(
+            client, rc, owned=cluster is not None, devices=ordered, spills=rc.spill == "managed", slots=slots
+        )
     finally:
         stopped = isinstance(sys.exc_info()[1], KeyboardInterrupt)  # Ctrl-C or SIGTERM (signals.Interrupted)
         with deferred():  # a signal now would leave worker processes behind

@@ -15,8 +15,20 @@ if TYPE_CHECKING:
 
 __all__ = ["machine_info", "runtime_env"]
 
-_PACKAGES = ("mgpu", "numpy", "dask", "distributed", "pydantic", "cupy-cuda13x", "cupy-cuda12x",
-             "rmm-cu13", "rmm-cu12", "dask-cuda", "distributed-ucxx-cu13", "distributed-ucxx-cu12")
+_PACKAGES = (
+    "mgpu",
+    "numpy",
+    "dask",
+    "distributed",
+    "pydantic",
+    "cupy-cuda13x",
+    "cupy-cuda12x",
+    "rmm-cu13",
+    "rmm-cu12",
+    "dask-cuda",
+    "distributed-ucxx-cu13",
+    "distributed-ucxx-cu12",
+)
 
 
 def _versions() -> dict[str, str]:
@@ -45,8 +57,14 @@ def _cuda_facts() -> dict[str, Any]:
     for i in range(n):
         p = rt.getDeviceProperties(i)
         name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
-        gpus.append({"id": i, "name": name, "memory": int(p["totalGlobalMem"]),
-                     "compute_capability": f"{p['major']}.{p['minor']}"})
+        gpus.append(
+            {
+                "id": i,
+                "name": name,
+                "memory": int(p["totalGlobalMem"]),
+                "compute_capability": f"{p['major']}.{p['minor']}",
+            }
+        )
     peers = [[i, j] for i in range(n) for j in range(n) if i != j and rt.deviceCanAccessPeer(i, j)]
     return {
         "driver": rt.driverGetVersion(),
@@ -92,8 +110,7 @@ def machine_info() -> dict[str, Any]:
         info["backend"] = "cpu"
         info["gpus"] = []
         info["note"] = (
-            f"no GPU is visible; jobs run on {os.cpu_count()} CPU workers with NumPy "
-            "(cluster.devices chooses how many)"
+            f"no GPU is visible; jobs run on {os.cpu_count()} CPU workers with NumPy (cluster.devices chooses how many)"
         )
     has_rmm = importlib.util.find_spec("rmm") is not None
     info["allocators"] = ["pool", "async", "managed", "default"] if has_rmm else ["default"]
@@ -121,6 +138,14 @@ def _worker_env() -> dict[str, Any]:
     import cupy
 
     rt = cupy.cuda.runtime
-    return {"versions": _versions(), "driver": rt.driverGetVersion(), "runtime": rt.runtimeGetVersion(),
-            "peer_access": [[i, j] for i in range(rt.getDeviceCount()) for j in range(rt.getDeviceCount())
-                            if i != j and rt.deviceCanAccessPeer(i, j)]}
+    return {
+        "versions": _versions(),
+        "driver": rt.driverGetVersion(),
+        "runtime": rt.runtimeGetVersion(),
+        "peer_access": [
+            [i, j]
+            for i in range(rt.getDeviceCount())
+            for j in range(rt.getDeviceCount())
+            if i != j and rt.deviceCanAccessPeer(i, j)
+        ],
+    }

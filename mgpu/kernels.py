@@ -88,13 +88,21 @@ def random_block(
         out = xp.empty((h, w), dtype=dtype)
         if out.size:
             _cupy_random_kernel()(
-                np.uint64(key), np.uint64(r0), np.uint64(c0), np.uint64(w), np.uint64(h), np.uint64(total_cols),
-                np.int32(64 - bits), np.float64(scale), out,
+                np.uint64(key),
+                np.uint64(r0),
+                np.uint64(c0),
+                np.uint64(w),
+                np.uint64(h),
+                np.uint64(total_cols),
+                np.int32(64 - bits),
+                np.float64(scale),
+                out,
             )
         return out
-    g = np.arange(r0, r1, dtype=np.uint64)[:, None] * np.uint64(total_cols) + np.arange(
-        c0, c1, dtype=np.uint64
-    )[None, :]
+    g = (
+        np.arange(r0, r1, dtype=np.uint64)[:, None] * np.uint64(total_cols)
+        + np.arange(c0, c1, dtype=np.uint64)[None, :]
+    )
     z = g * np.uint64(_GAMMA) + np.uint64(key)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
@@ -249,8 +257,11 @@ __global__ void matvec_rows_f64(const T* __restrict__ m, const double* __restric
 """
 
 _DOT_VECTOR = {"float32": "dot_partial<float, float4, 4>", "float64": "dot_partial<double, double2, 2>"}
-_DOT_SCALAR = {"float16": "dot_partial_scalar<__half>", "float32": "dot_partial_scalar<float>",
-               "float64": "dot_partial_scalar<double>"}
+_DOT_SCALAR = {
+    "float16": "dot_partial_scalar<__half>",
+    "float32": "dot_partial_scalar<float>",
+    "float64": "dot_partial_scalar<double>",
+}
 _C_TYPES = {"float16": "__half", "float32": "float", "float64": "double"}
 _DOT_CHECK = {name: f"dot_check_partial<{c}>" for name, c in _C_TYPES.items()}
 _MATVEC = {name: f"matvec_rows_f64<{c}>" for name, c in _C_TYPES.items()}

@@ -24,8 +24,19 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PanelRef", "RemotePanel", "close_remotes", "copy_rows", "enable_all_peers", "enable_peer_access",
-           "open_remote", "peer_ordinal", "publish", "release", "resident"]
+__all__ = [
+    "PanelRef",
+    "RemotePanel",
+    "close_remotes",
+    "copy_rows",
+    "enable_all_peers",
+    "enable_peer_access",
+    "open_remote",
+    "peer_ordinal",
+    "publish",
+    "release",
+    "resident",
+]
 
 _STORE: dict[str, dict[str, Any]] = {}  # job token -> panel name -> array
 _OPENED: dict[str, dict[str, RemotePanel]] = {}  # job token -> panel name -> a peer's panel, open here
@@ -168,8 +179,9 @@ def copy_rows(dst: Any, panel: RemotePanel, rows: tuple[int, int], stream: Any) 
     shape, itemsize = panel.ref.shape, cupy.dtype(panel.ref.dtype).itemsize
     row_bytes = itemsize * math.prod(shape[1:])
     nbytes = (rows[1] - rows[0]) * row_bytes
-    cupy.cuda.runtime.memcpyAsync(dst.data.ptr, panel.ptr + rows[0] * row_bytes, nbytes,
-                                  cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
+    cupy.cuda.runtime.memcpyAsync(
+        dst.data.ptr, panel.ptr + rows[0] * row_bytes, nbytes, cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr
+    )
     return nbytes
 
 

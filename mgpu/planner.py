@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from .errors import JobInputError
 from .sizes import format_bytes
@@ -157,9 +158,7 @@ def check_tiling_keys(tiling: Any, allowed: Sequence[str], workload: str) -> dic
         return {}
     unknown = sorted(set(tiling) - set(allowed))
     if unknown:
-        raise JobInputError(
-            f"tiling: unknown axis {unknown[0]!r} for {workload}; allowed: {', '.join(allowed)}"
-        )
+        raise JobInputError(f"tiling: unknown axis {unknown[0]!r} for {workload}; allowed: {', '.join(allowed)}")
     return dict(tiling)
 
 

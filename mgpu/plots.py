@@ -54,8 +54,9 @@ def _errors(entries: list[dict[str, Any]], name: str, scale: float = 1.0) -> lis
     return [[max(0.0, m - a) for m, a in zip(med, lo)], [max(0.0, b - m) for m, b in zip(med, hi)]]
 
 
-def throughput_plot(summary: list[dict[str, Any]], path: Path, *, by: list[str] | None = None,
-                    title: str = "") -> Path | None:
+def throughput_plot(
+    summary: list[dict[str, Any]], path: Path, *, by: list[str] | None = None, title: str = ""
+) -> Path | None:
     """Median throughput against devices, min–max bars, and the ideal (perfect scaling) line.
 
     Where every series ran on one device count only (comparing allocators, say), the
@@ -72,20 +73,38 @@ def throughput_plot(summary: list[dict[str, Any]], path: Path, *, by: list[str] 
             labels = list(series)
             med = [series[s][0]["throughput_median"] for s in labels]
             err = [_errors(series[s], "throughput") for s in labels]
-            ax.bar(range(len(labels)), med, yerr=[[e[0][0] for e in err], [e[1][0] for e in err]],
-                   capsize=6, color=[f"C{i}" for i in range(len(labels))])
+            ax.bar(
+                range(len(labels)),
+                med,
+                yerr=[[e[0][0] for e in err], [e[1][0] for e in err]],
+                capsize=6,
+                color=[f"C{i}" for i in range(len(labels))],
+            )
             ax.set_xticks(range(len(labels)), labels, rotation=15 if len(labels) > 3 else 0)
             ax.set_xlabel(f"{counts[0]} device{'s' * (counts[0] != 1)}")
         else:
             for i, (label, entries) in enumerate(series.items()):
                 x = [e["devices"] for e in entries]
-                ax.errorbar(x, [e["throughput_median"] for e in entries], yerr=_errors(entries, "throughput"),
-                            marker="o", capsize=4, color=f"C{i}", label=label)
+                ax.errorbar(
+                    x,
+                    [e["throughput_median"] for e in entries],
+                    yerr=_errors(entries, "throughput"),
+                    marker="o",
+                    capsize=4,
+                    color=f"C{i}",
+                    label=label,
+                )
                 if len(x) < 2:
                     continue
                 b_n, b_thr = entries[0]["devices"], entries[0]["throughput_median"]
-                ax.plot(x, [b_thr * n / b_n for n in x], linestyle="--", color=f"C{i}", alpha=0.6,
-                        label="ideal" if len(series) == 1 else f"ideal ({label})")
+                ax.plot(
+                    x,
+                    [b_thr * n / b_n for n in x],
+                    linestyle="--",
+                    color=f"C{i}",
+                    alpha=0.6,
+                    label="ideal" if len(series) == 1 else f"ideal ({label})",
+                )
             ax.set_xticks(counts)
             ax.set_xlabel("devices")
             ax.set_ylim(bottom=0)
@@ -99,11 +118,14 @@ def throughput_plot(summary: list[dict[str, Any]], path: Path, *, by: list[str] 
     return path
 
 
-def efficiency_plot(summary: list[dict[str, Any]], path: Path, *, by: list[str] | None = None,
-                    title: str = "") -> Path | None:
+def efficiency_plot(
+    summary: list[dict[str, Any]], path: Path, *, by: list[str] | None = None, title: str = ""
+) -> Path | None:
     """Scaling efficiency (%) against devices, min–max bars; None where no series has two counts."""
-    panels = {w: {s: e for s, e in series.items() if len(e) > 1 and all(x["efficiency"] is not None for x in e)}
-              for w, series in _panels(summary, by or []).items()}
+    panels = {
+        w: {s: e for s, e in series.items() if len(e) > 1 and all(x["efficiency"] is not None for x in e)}
+        for w, series in _panels(summary, by or []).items()
+    }
     panels = {w: s for w, s in panels.items() if s}
     if not panels:
         return None
@@ -111,15 +133,25 @@ def efficiency_plot(summary: list[dict[str, Any]], path: Path, *, by: list[str] 
     for ax, (workload, series) in zip(axes, sorted(panels.items())):
         counts = sorted({e["devices"] for entries in series.values() for e in entries})
         for i, (label, entries) in enumerate(series.items()):
-            ax.errorbar([e["devices"] for e in entries], [e["efficiency"] * 100 for e in entries],
-                        yerr=_errors(entries, "efficiency", 100.0), marker="o", capsize=4, color=f"C{i}",
-                        label=label)
+            ax.errorbar(
+                [e["devices"] for e in entries],
+                [e["efficiency"] * 100 for e in entries],
+                yerr=_errors(entries, "efficiency", 100.0),
+                marker="o",
+                capsize=4,
+                color=f"C{i}",
+                label=label,
+            )
         ax.axhline(100, linestyle="--", color="grey", label="ideal")
         ax.set_xticks(counts)
         ax.set_xlabel("devices")
         ax.set_ylabel("efficiency (%)")
-        ax.set_ylim(bottom=0, top=max(110, *(e["efficiency_max"] * 105 for s in series.values() for e in s
-                                              if e["efficiency_max"] is not None)))
+        ax.set_ylim(
+            bottom=0,
+            top=max(
+                110, *(e["efficiency_max"] * 105 for s in series.values() for e in s if e["efficiency_max"] is not None)
+            ),
+        )
         ax.set_title(workload)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")

@@ -77,9 +77,13 @@ def _cuda_device() -> _device.Device:
     # queued behind it (it waited 40-150 ms, and its thread with it).
     # Priority 0 is the least (every stream's default); -1 outranks it on any GPU with
     # stream priorities (their range runs from 0 up to -1 or beyond).
-    return _device.Device("cuda", cupy, facts,
-                          new_stream=lambda: cupy.cuda.Stream(non_blocking=True, priority=-1),
-                          new_queue=lambda: cupy.cuda.Stream(non_blocking=True, priority=0))
+    return _device.Device(
+        "cuda",
+        cupy,
+        facts,
+        new_stream=lambda: cupy.cuda.Stream(non_blocking=True, priority=-1),
+        new_queue=lambda: cupy.cuda.Stream(non_blocking=True, priority=0),
+    )
 
 
 def _cpu_device(worker: Any) -> _device.Device:

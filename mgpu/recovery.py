@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import dask.config
 from dask.utils import parse_timedelta

@@ -13,8 +13,9 @@ import csv
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -22,13 +23,41 @@ from .errors import JobInputError
 from .results import Result
 from .scale import size_label
 
-__all__ = ["BY_FIELDS", "ROW_FIELDS", "load_rows", "row_from_result", "summarize", "table_rows",
-           "with_efficiency", "write_csv", "write_json", "write_markdown", "write_report"]
+__all__ = [
+    "BY_FIELDS",
+    "ROW_FIELDS",
+    "load_rows",
+    "row_from_result",
+    "summarize",
+    "table_rows",
+    "with_efficiency",
+    "write_csv",
+    "write_json",
+    "write_markdown",
+    "write_report",
+]
 
 ROW_FIELDS = [
-    "job", "workload", "mode", "devices", "size", "base_size", "repeat", "status", "seconds", "wall_s",
-    "throughput", "unit", "roofline_fraction", "efficiency", "backend", "allocator", "protocol", "host",
-    "gpu", "source",
+    "job",
+    "workload",
+    "mode",
+    "devices",
+    "size",
+    "base_size",
+    "repeat",
+    "status",
+    "seconds",
+    "wall_s",
+    "throughput",
+    "unit",
+    "roofline_fraction",
+    "efficiency",
+    "backend",
+    "allocator",
+    "protocol",
+    "host",
+    "gpu",
+    "source",
 ]
 # Fields ``mgpu report --by`` can compare side by side (devices is already the x axis).
 BY_FIELDS = ["allocator", "protocol", "host", "gpu", "backend", "workload", "job", "source"]
@@ -36,8 +65,9 @@ BY_FIELDS = ["allocator", "protocol", "host", "gpu", "backend", "workload", "job
 SCALE_KIND = "mgpu-scale"
 
 
-def row_from_result(result: Result, *, repeat: int = 0, mode: str = "strong", base_size: str | None = None,
-                    source: str = "") -> dict[str, Any]:
+def row_from_result(
+    result: Result, *, repeat: int = 0, mode: str = "strong", base_size: str | None = None, source: str = ""
+) -> dict[str, Any]:
     """One run's row: the Result's timings and throughput, and what it ran on."""
     size = size_label(result.workload, result.job.get("params", {}))
     cluster = result.job.get("cluster", {})
@@ -116,9 +146,16 @@ def summarize(rows: list[dict[str, Any]], by: list[str] | None = None) -> list[d
         ok = [r for r in group if r["status"] == "ok"]
         first = group[0]
         entry: dict[str, Any] = {
-            "job": first["job"], "workload": first["workload"], "mode": first["mode"], "devices": first["devices"],
-            "size": first["size"], "base_size": first["base_size"], **{b: first[b] for b in by},
-            "runs": len(group), "failed": len(group) - len(ok), "unit": first["unit"],
+            "job": first["job"],
+            "workload": first["workload"],
+            "mode": first["mode"],
+            "devices": first["devices"],
+            "size": first["size"],
+            "base_size": first["base_size"],
+            **{b: first[b] for b in by},
+            "runs": len(group),
+            "failed": len(group) - len(ok),
+            "unit": first["unit"],
         }
         entry.update(_spread([r["seconds"] for r in ok], "seconds"))
         entry.update(_spread([r["throughput"] for r in ok], "throughput"))
@@ -128,8 +165,9 @@ def summarize(rows: list[dict[str, Any]], by: list[str] | None = None) -> list[d
         entry["efficiency_min"], entry["efficiency_max"] = (min(effs), max(effs)) if effs else (None, None)
         summary.append(entry)
         series = key[:-1]
-        if entry["throughput_median"] is not None and (series not in base_median
-                                                       or entry["devices"] < base_median[series][0]):
+        if entry["throughput_median"] is not None and (
+            series not in base_median or entry["devices"] < base_median[series][0]
+        ):
             base_median[series] = (entry["devices"], entry["throughput_median"])
     for entry in summary:
         b_n, b_thr = base_median.get(_series(entry, by), (0, 0.0))
@@ -167,15 +205,18 @@ def load_rows(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
         if isinstance(data, dict) and data.get("kind") == SCALE_KIND and isinstance(data.get("rows"), list):
             for r in data["rows"]:
                 if not isinstance(r, dict) or any(k not in r for k in ROW_FIELDS if k != "source"):
-                    raise JobInputError(f"{str(path)!r}: a row of this scale JSON lacks fields; "
-                                        f"each needs {', '.join(ROW_FIELDS)}")
+                    raise JobInputError(
+                        f"{str(path)!r}: a row of this scale JSON lacks fields; each needs {', '.join(ROW_FIELDS)}"
+                    )
                 rows.append({**r, "source": r.get("source") or path.name})
             continue
         try:
             result = Result.model_validate(data)
         except ValidationError:
-            raise JobInputError(f"{str(path)!r} is not an mgpu result: expected the JSON of "
-                                "'mgpu submit --json' or the scale.json of 'mgpu scale'") from None
+            raise JobInputError(
+                f"{str(path)!r} is not an mgpu result: expected the JSON of "
+                "'mgpu submit --json' or the scale.json of 'mgpu scale'"
+            ) from None
         row = row_from_result(result, source=path.name)
         key = (row["job"], row["size"], row["devices"], row["host"], row["allocator"], row["protocol"])
         row["repeat"], repeats[key] = repeats[key], repeats[key] + 1
@@ -217,26 +258,48 @@ def table_rows(summary: list[dict[str, Any]], by: list[str] | None = None) -> tu
     jobs = len({e["job"] for e in summary}) > 1
     units = {e["unit"] for e in summary}
     unit = f" ({units.pop()})" if len(units) == 1 else ""
-    header = [*(["job"] if jobs else []), *by, "devices", "size", "runs", "seconds", f"throughput{unit}",
-              "efficiency", "of limit"]
+    header = [
+        *(["job"] if jobs else []),
+        *by,
+        "devices",
+        "size",
+        "runs",
+        "seconds",
+        f"throughput{unit}",
+        "efficiency",
+        "of limit",
+    ]
     cells = []
     for e in summary:
         failed = f" ({e['failed']} failed)" if e["failed"] else ""
-        cells.append([
-            *([e["job"]] if jobs else []), *(str(e[b]) for b in by), str(e["devices"]), e["size"],
-            f"{e['runs']}{failed}",
-            f"{_fmt(e['seconds_median'])} ({_fmt(e['seconds_min'])}–{_fmt(e['seconds_max'])})",
-            f"{_fmt(e['throughput_median'])} ({_fmt(e['throughput_min'])}–{_fmt(e['throughput_max'])})"
-            + ("" if unit else f" {e['unit']}"),
-            "–" if e["efficiency"] is None else
-            f"{_pct(e['efficiency'])} ({_pct(e['efficiency_min'])}–{_pct(e['efficiency_max'])})",
-            _pct(e["roofline_fraction_median"]),
-        ])
+        cells.append(
+            [
+                *([e["job"]] if jobs else []),
+                *(str(e[b]) for b in by),
+                str(e["devices"]),
+                e["size"],
+                f"{e['runs']}{failed}",
+                f"{_fmt(e['seconds_median'])} ({_fmt(e['seconds_min'])}–{_fmt(e['seconds_max'])})",
+                f"{_fmt(e['throughput_median'])} ({_fmt(e['throughput_min'])}–{_fmt(e['throughput_max'])})"
+                + ("" if unit else f" {e['unit']}"),
+                "–"
+                if e["efficiency"] is None
+                else f"{_pct(e['efficiency'])} ({_pct(e['efficiency_min'])}–{_pct(e['efficiency_max'])})",
+                _pct(e["roofline_fraction_median"]),
+            ]
+        )
     return header, cells
 
 
-def write_markdown(path: Path, summary: list[dict[str, Any]], *, title: str, lines: list[str],
-                   plots: dict[str, Path | None], by: list[str] | None = None) -> Path:
+def write_markdown(
+    path: Path,
+    summary: list[dict[str, Any]],
+    *,
+    title: str,
+    lines: list[str],
+    plots: dict[str, Path | None],
+    by: list[str] | None = None,
+) -> Path:
     """A short report: what ran, the plots, the median/spread table and how to read it."""
     header, cells = table_rows(summary, by)
     out = [f"# {title}", "", *lines, ""]
@@ -259,8 +322,9 @@ def write_markdown(path: Path, summary: list[dict[str, Any]], *, title: str, lin
     return path
 
 
-def write_report(out_dir: Path, rows: list[dict[str, Any]], *, title: str, lines: list[str],
-                 by: list[str] | None = None, **meta: Any) -> dict[str, Path]:
+def write_report(
+    out_dir: Path, rows: list[dict[str, Any]], *, title: str, lines: list[str], by: list[str] | None = None, **meta: Any
+) -> dict[str, Path]:
     """Every file of a report in ``out_dir``: CSV, JSON, the PNGs and REPORT.md."""
     from .plots import efficiency_plot, throughput_plot
 

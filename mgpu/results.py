@@ -186,19 +186,27 @@ def build_result(
     errors = [r.verify_error for r in records if r.verify_error is not None]
     if job.verify:
         failed = sorted(r.index for r in records if not r.verify_ok)
-        verify = Verify(passed=not failed, method=workload.verify_method,
-                        max_rel_error=max(errors) if errors else None, failed_tiles=failed)
+        verify = Verify(
+            passed=not failed,
+            method=workload.verify_method,
+            max_rel_error=max(errors) if errors else None,
+            failed_tiles=failed,
+        )
     else:
         verify = Verify(passed=None, method="off", max_rel_error=None)
     from .info import runtime_env
 
-    throughput = _throughput(work / workload.unit_scale, compute_s, max((d.busy_s for d in rows), default=0.0),
-                             workload.unit)
+    throughput = _throughput(
+        work / workload.unit_scale, compute_s, max((d.busy_s for d in rows), default=0.0), workload.unit
+    )
     host_bytes = workload.host_bytes()
     pcie = None
     if host_bytes is not None:
-        pcie = Pcie(bytes=sum(d.bytes_h2d + d.bytes_d2h for d in rows), minimum_bytes=host_bytes,
-                    naive_bytes=workload.naive_host_bytes(plan))
+        pcie = Pcie(
+            bytes=sum(d.bytes_h2d + d.bytes_d2h for d in rows),
+            minimum_bytes=host_bytes,
+            naive_bytes=workload.naive_host_bytes(plan),
+        )
 
     return Result(
         status="failed" if verify.passed is False else "ok",
@@ -215,8 +223,13 @@ def build_result(
         spill=Spill(events=sum(r.spill_events for r in records), bytes=sum(r.spill_bytes for r in records)),
         verify=verify,
         outputs=outputs,
-        plan={"tiles": len(plan.tiles), "placement": plan.placement, "tile_shape": plan.tile_shape,
-              "working_set": plan.working_set, "budget": plan.budget},
+        plan={
+            "tiles": len(plan.tiles),
+            "placement": plan.placement,
+            "tile_shape": plan.tile_shape,
+            "working_set": plan.working_set,
+            "budget": plan.budget,
+        },
         env=runtime_env(info),
         recovery=recovery or Recovery(),
         startup=startup,
@@ -241,8 +254,13 @@ def _overlap(recs: list[TileRecord]) -> float | None:
     return min(1.0, max(0.0, (sum(r.busy_s for r in recs) + dma - span) / dma))
 
 
-def _roofline(throughput: Throughput, key: str, ceilings: dict[str, dict[str, float]], work: float = 0.0,
-              host_bytes: int | None = None) -> Roofline | None:
+def _roofline(
+    throughput: Throughput,
+    key: str,
+    ceilings: dict[str, dict[str, float]],
+    work: float = 0.0,
+    host_bytes: int | None = None,
+) -> Roofline | None:
     """The summed single-device ceilings of every worker, and the share the run reached.
 
     With ``host_bytes`` (inputs or outputs on the host), the bound is the slower of the
@@ -264,14 +282,16 @@ def _roofline(throughput: Throughput, key: str, ceilings: dict[str, dict[str, fl
 
 
 def _throughput(work: float, compute_s: float, busy_s: float, unit: str) -> Throughput:
-    return Throughput(value=work / compute_s if compute_s else 0.0, unit=unit,
-                      kernel=work / busy_s if busy_s else 0.0)
+    return Throughput(value=work / compute_s if compute_s else 0.0, unit=unit, kernel=work / busy_s if busy_s else 0.0)
 
 
 def print_result(result: Result, console: Console) -> None:
     """The result as a person reads it: a summary table and one row per device."""
-    table = Table(title=f"{result.job.get('name', result.workload)} ({result.workload}, {result.backend})",
-                  show_header=False, title_justify="left")
+    table = Table(
+        title=f"{result.job.get('name', result.workload)} ({result.workload}, {result.backend})",
+        show_header=False,
+        title_justify="left",
+    )
     table.add_column(style="bold")
     table.add_column()
     status = "[green]ok[/green]" if result.status == "ok" else "[red]FAILED[/red]"
@@ -281,14 +301,20 @@ def print_result(result: Result, console: Console) -> None:
     t = result.throughput
     table.add_row("throughput", f"{t.value:.4g} {t.unit} (kernels alone {t.kernel:.4g})")
     if result.roofline:
-        table.add_row("of hardware limit", f"{result.roofline.fraction:.1%} of {result.roofline.limit:.4g} "
-                      f"{result.throughput.unit} ({result.roofline.basis})")
+        table.add_row(
+            "of hardware limit",
+            f"{result.roofline.fraction:.1%} of {result.roofline.limit:.4g} "
+            f"{result.throughput.unit} ({result.roofline.basis})",
+        )
     table.add_row("compute / wall", f"{result.compute_s:.3f} s / {result.wall_s:.3f} s")
     if result.startup:
         st = result.startup
         first = f", first tile {st.first_tile_s:.2f} s" if st.first_tile_s is not None else ""
-        table.add_row("start-up", f"cluster {st.cluster_s:.2f} s, ceilings {st.ceilings_s:.2f} s, plan {st.plan_s:.3f} s, "
-                      f"warm-up {st.warmup_s:.2f} s{first}")
+        table.add_row(
+            "start-up",
+            f"cluster {st.cluster_s:.2f} s, ceilings {st.ceilings_s:.2f} s, plan {st.plan_s:.3f} s, "
+            f"warm-up {st.warmup_s:.2f} s{first}",
+        )
     v = result.verify
     if v.passed is None:
         table.add_row("verify", "off")
@@ -298,25 +324,42 @@ def print_result(result: Result, console: Console) -> None:
         table.add_row("verify", f"{'passed' if v.passed else '[red]FAILED[/red]'} ({v.method}{err}{tiles})")
     table.add_row("plan", f"{result.plan['tiles']} tiles {result.plan['tile_shape']}, {result.plan['placement']}")
     if result.pcie:
-        naive = f", {format_bytes(result.pcie.naive_bytes)} if every tile read its own" if result.pcie.naive_bytes else ""
-        table.add_row("PCIe", f"{format_bytes(result.pcie.bytes)} moved; at least {format_bytes(result.pcie.minimum_bytes)}"
-                      f"{naive}")
+        naive = (
+            f", {format_bytes(result.pcie.naive_bytes)} if every tile read its own" if result.pcie.naive_bytes else ""
+        )
+        table.add_row(
+            "PCIe",
+            f"{format_bytes(result.pcie.bytes)} moved; at least {format_bytes(result.pcie.minimum_bytes)}{naive}",
+        )
     if result.spill.events:
-        table.add_row("spilled", f"{result.spill.events} allocations, {format_bytes(result.spill.bytes)} "
-                      "to managed memory")
+        table.add_row(
+            "spilled", f"{result.spill.events} allocations, {format_bytes(result.spill.bytes)} to managed memory"
+        )
     if result.recovery.lost_workers:
-        table.add_row("recovered", f"lost {', '.join(result.recovery.lost_workers)}; "
-                      f"recomputed tiles {result.recovery.recomputed_tiles[:20]} elsewhere")
+        table.add_row(
+            "recovered",
+            f"lost {', '.join(result.recovery.lost_workers)}; "
+            f"recomputed tiles {result.recovery.recomputed_tiles[:20]} elsewhere",
+        )
     for path in result.outputs:
         table.add_row("output", path)
     console.print(table)
-    devices = Table("device", "name", "tiles", "busy s", "span s", "H2D", "D2H", "from peers", "allocator",
-                    title_justify="left")
+    devices = Table(
+        "device", "name", "tiles", "busy s", "span s", "H2D", "D2H", "from peers", "allocator", title_justify="left"
+    )
     for d in result.per_device:
         peer = format_bytes(d.bytes_d2d) + (f" at {d.d2d_gbps:.0f} GB/s" if d.d2d_gbps else "")
-        devices.add_row(f"{d.host}:{d.id}", d.name, str(d.tiles), f"{d.busy_s:.3f}", f"{d.span_s:.3f}",
-                        _moved(d.bytes_h2d, d.h2d_gbps, d.copy_overlap), _moved(d.bytes_d2h, d.d2h_gbps, None), peer,
-                        allocator_cell(d.allocator))
+        devices.add_row(
+            f"{d.host}:{d.id}",
+            d.name,
+            str(d.tiles),
+            f"{d.busy_s:.3f}",
+            f"{d.span_s:.3f}",
+            _moved(d.bytes_h2d, d.h2d_gbps, d.copy_overlap),
+            _moved(d.bytes_d2h, d.d2h_gbps, None),
+            peer,
+            allocator_cell(d.allocator),
+        )
     console.print(devices)
 
 

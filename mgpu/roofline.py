@@ -54,8 +54,12 @@ def measure_ceilings() -> dict[str, float]:
     out: dict[str, float] = {}
     n = size["gemm"]
     with dev.on_stream():
-        for key, dtype, tf32 in (("gemm_float16", "float16", False), ("gemm_float32", "float32", False),
-                                 ("gemm_tf32", "float32", True), ("gemm_float64", "float64", False)):
+        for key, dtype, tf32 in (
+            ("gemm_float16", "float16", False),
+            ("gemm_float32", "float32", False),
+            ("gemm_tf32", "float32", True),
+            ("gemm_float64", "float64", False),
+        ):
             if dtype == "float16" and not dev.is_gpu:
                 continue  # NumPy has no float16 BLAS; nothing to set a job against
             a = kernels.random_block(xp, seed=0, operand=0, rows=(0, n), cols=(0, n), total_cols=n, dtype=dtype)
@@ -70,8 +74,9 @@ def measure_ceilings() -> dict[str, float]:
         del src, dst
         side = size["mandel"]
         for dtype in ("float32", "float64"):
-            x, y = kernels.mandelbrot_axes(width=side, height=side, bounds=(-2.5, 1.0, -1.25, 1.25),
-                                           rows=(0, side), dtype=dtype)
+            x, y = kernels.mandelbrot_axes(
+                width=side, height=side, bounds=(-2.5, 1.0, -1.25, 1.25), rows=(0, side), dtype=dtype
+            )
             xd, yd = dev.to_device(x), dev.to_device(y)
             iterations = float(kernels.mandelbrot_counts(xp, xd, yd, size["max_iter"]).sum(dtype=np.int64))
             seconds = _median(dev, lambda: kernels.mandelbrot_counts(xp, xd, yd, size["max_iter"]), size["repeat"])
@@ -109,7 +114,8 @@ def _transfer_rates(dev: Device, nbytes: int, repeat: int) -> dict[str, float]:
         with cupy.cuda.Device(peer):
             dst = cupy.empty(nbytes, dtype=cupy.uint8)
         copy = lambda: cupy.cuda.runtime.memcpyPeerAsync(  # noqa: E731
-            dst.data.ptr, peer, src.data.ptr, 0, nbytes, stream.ptr)
+            dst.data.ptr, peer, src.data.ptr, 0, nbytes, stream.ptr
+        )
         rates.append(nbytes / _median(dev, copy, repeat) / 1e9)
         del dst
     if rates:
@@ -130,7 +136,10 @@ _MEASURES = 2
 
 def _cache_key(facts: DeviceFacts, versions: dict[str, str]) -> str:
     name = facts.name if facts.backend == "cuda" else f"{platform.processor() or platform.machine()}"
-    return "|".join([f"v{_MEASURES}", facts.backend, name, f"{facts.memory >> 30}GiB"] + [f"{k}={v}" for k, v in sorted(versions.items())])
+    return "|".join(
+        [f"v{_MEASURES}", facts.backend, name, f"{facts.memory >> 30}GiB"]
+        + [f"{k}={v}" for k, v in sorted(versions.items())]
+    )
 
 
 def _software() -> dict[str, str]:
@@ -157,9 +166,12 @@ def ceilings_for(client: Any, devices: dict[str, DeviceFacts], *, refresh: bool 
         if (refresh or key not in cache) and key not in missing.values():
             missing[addr] = key
     if missing:
-        futures = {key: client.submit(measure_ceilings, key=f"roofline-calibrate-{i}", workers=[addr],
-                                      allow_other_workers=False, pure=False)
-                   for i, (addr, key) in enumerate(missing.items())}
+        futures = {
+            key: client.submit(
+                measure_ceilings, key=f"roofline-calibrate-{i}", workers=[addr], allow_other_workers=False, pure=False
+            )
+            for i, (addr, key) in enumerate(missing.items())
+        }
         for key, fut in futures.items():
             cache[key] = fut.result()
         try:

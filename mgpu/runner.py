@@ -12,9 +12,10 @@ import multiprocessing
 import time
 import uuid
 from collections import defaultdict, deque
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from . import alloc_stats, transfer
 from . import device as _device
@@ -108,9 +109,18 @@ def _warmup(workload: Workload) -> None:
 def warm_up(client: Any, workload: Workload, workers: list[str], resources: dict[str, float] | None = None) -> None:
     """Run each worker's warm-up once before the timed tiles (compiles kernels, makes handles)."""
     # Loosely placed: a worker lost meanwhile must not leave its warm-up waiting forever.
-    futures = [client.submit(_warmup, workload, key=f"{workload.name}-warmup-{i}-{uuid.uuid4().hex[:6]}",
-                             workers=[w], allow_other_workers=True, pure=False, resources=resources)
-               for i, w in enumerate(workers)]
+    futures = [
+        client.submit(
+            _warmup,
+            workload,
+            key=f"{workload.name}-warmup-{i}-{uuid.uuid4().hex[:6]}",
+            workers=[w],
+            allow_other_workers=True,
+            pure=False,
+            resources=resources,
+        )
+        for i, w in enumerate(workers)
+    ]
     client.gather(futures)
 
 
@@ -139,9 +149,14 @@ def panel_priorities(plan: Plan) -> dict[str, int]:
 
 
 def run_plan(
-    client: Any, workload: Workload, plan: Plan, on_done: Callable[[TileRecord], None] = lambda r: None,
-    recovery: Recovery | None = None, on_lost: Callable[[str, list[int]], None] = lambda w, t: None,
-    resources: dict[str, float] | None = None, panel_records: list[TileRecord] | None = None,
+    client: Any,
+    workload: Workload,
+    plan: Plan,
+    on_done: Callable[[TileRecord], None] = lambda r: None,
+    recovery: Recovery | None = None,
+    on_lost: Callable[[str, list[int]], None] = lambda w, t: None,
+    resources: dict[str, float] | None = None,
+    panel_records: list[TileRecord] | None = None,
 ) -> list[TileRecord]:
     """Submit every tile where the plan places it and gather the records.
 
@@ -173,15 +188,31 @@ def run_plan(
     last_on: dict[str, Any] = {}
     for p in sorted(plan.panels, key=lambda p: -priorities[p.name]):
         panel_futures[p.name] = last_on[p.worker] = client.submit(
-            _make_panel, workload, p, token, last_on.get(p.worker), key=f"{workload.name}-panel-{p.name}-{token}",
-            workers=[p.worker], allow_other_workers=True, pure=False, priority=priorities[p.name])
+            _make_panel,
+            workload,
+            p,
+            token,
+            last_on.get(p.worker),
+            key=f"{workload.name}-panel-{p.name}-{token}",
+            workers=[p.worker],
+            allow_other_workers=True,
+            pure=False,
+            priority=priorities[p.name],
+        )
 
     def submit(tile: Tile, worker: str | None, attempt: int) -> Any:
         again = f"-r{attempt}" if attempt else ""
         needs = {name: panel_futures[name] for name in tile.needs}
         return client.submit(
-            _run_tile, workload, tile, needs or None, key=f"{prefix}-{tile.index}-{token}{again}",
-            workers=[worker] if worker else None, allow_other_workers=False, pure=False, resources=resources,
+            _run_tile,
+            workload,
+            tile,
+            needs or None,
+            key=f"{prefix}-{tile.index}-{token}{again}",
+            workers=[worker] if worker else None,
+            allow_other_workers=False,
+            pure=False,
+            resources=resources,
             priority=-places[tile.index],
         )
 
@@ -244,8 +275,10 @@ def _check_outputs_distinct(prepared: list[_Prepared]) -> None:
     for p in prepared:
         for sink in p.workload.sinks.values():
             if sink.keep and sink.path in seen:
-                raise JobInputError(f"params.output: jobs {seen[sink.path]!r} and {p.job.name!r} both write "
-                                    f"{sink.path}; give each job its own output")
+                raise JobInputError(
+                    f"params.output: jobs {seen[sink.path]!r} and {p.job.name!r} both write "
+                    f"{sink.path}; give each job its own output"
+                )
             seen[sink.path] = p.job.name
 
 
@@ -358,8 +391,9 @@ def _run_prepared(info: ClusterInfo, p: _Prepared, events: Events, t0: float, cl
         recovery = Recovery()
         panel_records: list[TileRecord] = []
         with _reference_beside(workload, plan, job.verify) as reference:
-            records = run_plan(info.client, workload, plan, tile_done, recovery, events.worker_lost, resources,
-                               panel_records)
+            records = run_plan(
+                info.client, workload, plan, tile_done, recovery, events.worker_lost, resources, panel_records
+            )
             events.panels_made(panel_records)
             if reference is not None:
                 workload.judge(records, reference.result())
@@ -373,11 +407,27 @@ def _run_prepared(info: ClusterInfo, p: _Prepared, events: Events, t0: float, cl
         allocators = alloc_stats.end_job(info.client, list(info.devices))
         wall = time.perf_counter() - t0
         steps = [b - a for a, b in zip(marks, marks[1:])]
-        startup = Startup(cluster_s=cluster_s, ceilings_s=steps[0], plan_s=steps[1], warmup_s=steps[2],
-                          first_tile_s=steps[3] if len(steps) > 3 else None)
-        return build_result(job, workload, info, plan, records, wall_s=wall, outputs=outputs,
-                            ceilings=ceilings, allocators=allocators, recovery=recovery, startup=startup,
-                            panel_records=panel_records)
+        startup = Startup(
+            cluster_s=cluster_s,
+            ceilings_s=steps[0],
+            plan_s=steps[1],
+            warmup_s=steps[2],
+            first_tile_s=steps[3] if len(steps) > 3 else None,
+        )
+        return build_result(
+            job,
+            workload,
+            info,
+            plan,
+            records,
+            wall_s=wall,
+            outputs=outputs,
+            ceilings=ceilings,
+            allocators=allocators,
+            recovery=recovery,
+            startup=startup,
+            panel_records=panel_records,
+        )
     finally:
         for sink in sinks:
             sink.discard()

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from .cluster import resolve_cluster
 from .device import visible_gpu_count
@@ -143,19 +143,24 @@ def plan_sweep(
     overrides = list(overrides or [])
     job = load_job(job_file, overrides)
     if job.cluster.scheduler:
-        raise JobInputError("cluster.scheduler: scale starts a fresh cluster for each device count and "
-                            "cannot join a running scheduler; remove the key (or --set cluster.scheduler=null)")
+        raise JobInputError(
+            "cluster.scheduler: scale starts a fresh cluster for each device count and "
+            "cannot join a running scheduler; remove the key (or --set cluster.scheduler=null)"
+        )
     cls = get_workload_class(job.workload)
     params = job.params.model_dump(mode="json")
     if (weak or sizes) and params.get("input", "random") != "random":
-        raise JobInputError(f"params.input: the input files fix the sizes of {job.workload}; "
-                            f"{'--weak' if weak else '--sizes'} needs input: random")
+        raise JobInputError(
+            f"params.input: the input files fix the sizes of {job.workload}; "
+            f"{'--weak' if weak else '--sizes'} needs input: random"
+        )
     if sizes:
         keys, values = sizes
         bad = [k for k in keys if k not in cls.size_params]
         if bad:
-            raise JobInputError(f"--sizes: {bad[0]!r} is not a size of {job.workload}; "
-                                f"allowed: {', '.join(cls.size_params) or 'none'}")
+            raise JobInputError(
+                f"--sizes: {bad[0]!r} is not a size of {job.workload}; allowed: {', '.join(cls.size_params) or 'none'}"
+            )
         bases = [{**_sizes_of(cls, params), **{k: v for k in keys}} for v in values]
     else:
         bases = [_sizes_of(cls, params)]

@@ -31,8 +31,10 @@ def client_security(ca_file: str | None, cert: str | None, key: str | None) -> A
         return None
     if not (ca_file and cert):
         missing = " and ".join(f for f, v in (("--tls-ca-file", ca_file), ("--tls-cert", cert)) if not v)
-        raise JobInputError(f"{missing}: TLS needs the CA file and this client's certificate "
-                            "(--tls-ca-file, --tls-cert, and --tls-key unless the key is in the certificate file)")
+        raise JobInputError(
+            f"{missing}: TLS needs the CA file and this client's certificate "
+            "(--tls-ca-file, --tls-cert, and --tls-key unless the key is in the certificate file)"
+        )
     for flag, path in (("--tls-ca-file", ca_file), ("--tls-cert", cert), ("--tls-key", key)):
         if path and not Path(path).is_file():
             raise JobInputError(f"{flag}: file {path!r} does not exist")
@@ -44,8 +46,9 @@ def client_security(ca_file: str | None, cert: str | None, key: str | None) -> A
     try:
         context.load_cert_chain(cert, key)
     except (ssl.SSLError, ValueError) as e:
-        raise JobInputError(f"--tls-cert/--tls-key: {cert!r} and {key!r} are not a matching certificate "
-                            f"and private key in PEM ({e})") from None
+        raise JobInputError(
+            f"--tls-cert/--tls-key: {cert!r} and {key!r} are not a matching certificate and private key in PEM ({e})"
+        ) from None
     from distributed.security import Security
 
     return Security(tls_ca_file=ca_file, tls_client_cert=cert, tls_client_key=key, require_encryption=True)
@@ -63,11 +66,17 @@ def check_tls(address: str | None, security: Any) -> None:
     """
     tls_address = bool(address) and address.startswith("tls://")  # type: ignore[union-attr]
     if security is not None and address is None:
-        raise JobInputError("--tls-ca-file/--tls-cert/--tls-key: TLS is for joining a running cluster "
-                            "(--scheduler tls://HOST:PORT); a cluster mgpu starts listens on 127.0.0.1 only")
+        raise JobInputError(
+            "--tls-ca-file/--tls-cert/--tls-key: TLS is for joining a running cluster "
+            "(--scheduler tls://HOST:PORT); a cluster mgpu starts listens on 127.0.0.1 only"
+        )
     if security is not None and not tls_address:
-        raise JobInputError(f"--tls-ca-file/--tls-cert/--tls-key: the scheduler at {address} does not use TLS; "
-                            "give its tls://HOST:PORT address, or leave the TLS flags out")
+        raise JobInputError(
+            f"--tls-ca-file/--tls-cert/--tls-key: the scheduler at {address} does not use TLS; "
+            "give its tls://HOST:PORT address, or leave the TLS flags out"
+        )
     if tls_address and security is None and not dask.config.get("distributed.comm.tls.ca-file", default=None):
-        raise JobInputError(f"cluster.scheduler: {address} uses TLS; give --tls-ca-file, --tls-cert and --tls-key "
-                            "(or set distributed.comm.tls.ca-file and distributed.comm.tls.client.cert in Dask's config)")
+        raise JobInputError(
+            f"cluster.scheduler: {address} uses TLS; give --tls-ca-file, --tls-cert and --tls-key "
+            "(or set distributed.comm.tls.ca-file and distributed.comm.tls.client.cert in Dask's config)"
+        )

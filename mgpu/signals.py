@@ -18,7 +18,8 @@ import contextlib
 import signal
 import sys
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 __all__ = ["WORKER_PRELOAD", "Interrupted", "cancel_on_signals", "dask_setup", "deferred"]
 

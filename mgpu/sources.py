@@ -47,13 +47,23 @@ class RandomSource:
         with dev.on_stream():
             if len(self.shape) == 1:
                 block = kernels.random_block(
-                    dev.xp, seed=self.seed, operand=self.operand, rows=(0, 1), cols=rows,
-                    total_cols=self.shape[0], dtype=self.dtype,
+                    dev.xp,
+                    seed=self.seed,
+                    operand=self.operand,
+                    rows=(0, 1),
+                    cols=rows,
+                    total_cols=self.shape[0],
+                    dtype=self.dtype,
                 )
                 return block.reshape(-1)
             return kernels.random_block(
-                dev.xp, seed=self.seed, operand=self.operand, rows=rows, cols=cols,
-                total_cols=self.shape[1], dtype=self.dtype,
+                dev.xp,
+                seed=self.seed,
+                operand=self.operand,
+                rows=rows,
+                cols=cols,
+                total_cols=self.shape[1],
+                dtype=self.dtype,
             )
 
 
@@ -104,8 +114,9 @@ class NpySource:
         width = self.info.shape[1] if len(self.info.shape) == 2 else None
         contiguous = cols is None or width is None or (cols[0], cols[1]) == (0, width)
         if transfer.read_method(contiguous) == "pread" and dev.is_gpu and self.info.offset is not None:
-            return transfer.FileBlock(self.info.path, self.info.offset, self.info.shape, np.dtype(self.info.dtype),
-                                      rows, cols)
+            return transfer.FileBlock(
+                self.info.path, self.info.offset, self.info.shape, np.dtype(self.info.dtype), rows, cols
+            )
         return self.view(rows, cols)
 
     def read(self, dev: Device, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> Any:

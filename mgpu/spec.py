@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
 )
 
 from .errors import JobInputError
@@ -44,8 +51,10 @@ class ClusterSpec(BaseModel):
     def _not_bool(cls, v: Any, info: ValidationInfo) -> Any:
         # Before validation: pydantic would read true as the count or size 1.
         if isinstance(v, bool):
-            allowed = {"devices": "'all', a count or a list of device ids",
-                       "memory_limit": "'auto', bytes, a fraction or a size like '40GB'"}[info.field_name]
+            allowed = {
+                "devices": "'all', a count or a list of device ids",
+                "memory_limit": "'auto', bytes, a fraction or a size like '40GB'",
+            }[info.field_name]
             raise ValueError(f"expected {allowed}, got {str(v).lower()}")
         return v
 
@@ -78,8 +87,9 @@ class ClusterSpec(BaseModel):
             return v
         host, sep, port = str(v).rpartition(":")
         if not isinstance(v, str) or not sep or not port.isdigit() or int(port) > 65535 or " " in host:
-            raise ValueError(f"expected HOST:PORT (127.0.0.1:8787), a port alone (8790, on 127.0.0.1), "
-                             f"or null for none; got {v!r}")
+            raise ValueError(
+                f"expected HOST:PORT (127.0.0.1:8787), a port alone (8790, on 127.0.0.1), or null for none; got {v!r}"
+            )
         return v
 
     @model_validator(mode="after")
@@ -95,9 +105,7 @@ class ScaleSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    grow: list[str] | None = Field(
-        None, description="params grown with the device count; null: the workload's default"
-    )
+    grow: list[str] | None = Field(None, description="params grown with the device count; null: the workload's default")
 
     @field_validator("grow", mode="before")
     @classmethod
@@ -163,7 +171,13 @@ def _format_error(err: ValidationError, model: type[BaseModel], prefix: str = ""
     lines: dict[str, str] = {}
     for e in err.errors():
         # Union branches add their tags to the location; only the keys matter to a user.
-        keys = tuple(p for p in e["loc"] if not str(p).startswith(("function-", "literal[", "str", "int", "float", "list[", "dict[", "bool", "none", "tagged")))
+        keys = tuple(
+            p
+            for p in e["loc"]
+            if not str(p).startswith(
+                ("function-", "literal[", "str", "int", "float", "list[", "dict[", "bool", "none", "tagged")
+            )
+        )
         where = prefix + ".".join(str(p) for p in keys) if keys else prefix.rstrip(".") or "job"
         msg = e["msg"].removeprefix("Value error, ")
         # Validators name their own key: "cluster.memory_limit: ..." from the size parser,
@@ -248,9 +262,7 @@ def validate_job(doc: dict[str, Any]) -> Job:
     try:
         cls = get_workload_class(workload)
     except KeyError:
-        raise JobInputError(
-            f"workload: unknown workload {workload!r}; one of: {', '.join(workload_names())}"
-        ) from None
+        raise JobInputError(f"workload: unknown workload {workload!r}; one of: {', '.join(workload_names())}") from None
     raw_params = doc.get("params") or {}
     if not isinstance(raw_params, dict):
         raise JobInputError("params: expected a mapping of the workload's parameters")
@@ -265,8 +277,10 @@ def validate_job(doc: dict[str, Any]) -> Job:
         raise JobInputError(_format_error(e, Job)) from None
     unknown = [k for k in job.scale.grow or () if k not in cls.size_params]
     if unknown:
-        raise JobInputError(f"scale.grow: {unknown[0]!r} is not a size of {workload}; "
-                            f"allowed: {', '.join(cls.size_params) or 'none (it has no sizes to grow)'}")
+        raise JobInputError(
+            f"scale.grow: {unknown[0]!r} is not a size of {workload}; "
+            f"allowed: {', '.join(cls.size_params) or 'none (it has no sizes to grow)'}"
+        )
     return job
 
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
 import dask.config
 import numpy as np
@@ -146,7 +147,7 @@ def host_copy(dst: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dst, src)
         return
     bounds = [(i * rows // parts, (i + 1) * rows // parts) for i in range(parts)]
-    list(_pool().map(lambda b: np.copyto(dst[b[0]:b[1]], src[b[0]:b[1]]), bounds))
+    list(_pool().map(lambda b: np.copyto(dst[b[0] : b[1]], src[b[0] : b[1]]), bounds))
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ class FileBlock:
             return
         n = (c1 - c0) * itemsize
         for i in range(self.rows[1] - self.rows[0]):
-            _pread_exactly(fd, out[i * n:(i + 1) * n], start + i * width * itemsize, self.path)
+            _pread_exactly(fd, out[i * n : (i + 1) * n], start + i * width * itemsize, self.path)
 
 
 def _pread_exactly(fd: int, out: memoryview, offset: int, path: str) -> None:
@@ -207,8 +208,9 @@ def _pread_exactly(fd: int, out: memoryview, offset: int, path: str) -> None:
     while done < len(out):
         n = os.preadv(fd, [out[done:]], offset + done)
         if n == 0:
-            raise EOFError(f"{path} is truncated: it ends at byte {offset + done}, short of the data "
-                           "its header describes")
+            raise EOFError(
+                f"{path} is truncated: it ends at byte {offset + done}, short of the data its header describes"
+            )
         done += n
 
 
@@ -338,6 +340,7 @@ class Stager:
         chunk's DMA, waits for it and copies the chunk out while the others' DMAs run.
         Returns the bytes copied.
         """
+
         def move(buf: np.ndarray, rows: np.ndarray, ptr: int, stream: Any) -> tuple[Any, Any]:
             begin, end = _dma("d2h", buf.ctypes.data, ptr, buf.nbytes, stream)
             end.synchronize()
@@ -346,8 +349,14 @@ class Stager:
 
         return self._each_chunk("d2h", dst, src, stream, move)
 
-    def _each_chunk(self, kind: str, host: Any, on_device: Any, stream: Any,
-                    move: Callable[[np.ndarray, Any, int, Any], tuple[Any, Any]]) -> int:
+    def _each_chunk(
+        self,
+        kind: str,
+        host: Any,
+        on_device: Any,
+        stream: Any,
+        move: Callable[[np.ndarray, Any, int, Any], tuple[Any, Any]],
+    ) -> int:
         """Run ``move(pinned buffer, host rows, device address, stream)`` for every chunk on
         the host threads, each with one of its own buffers, and count the DMAs it times."""
         import cupy
@@ -356,8 +365,9 @@ class Stager:
         dev2, host2 = _rows(on_device), _rows(host)
         if not on_device.flags.c_contiguous or dev2.shape != host2.shape:
             what = "load" if kind == "h2d" else "store"
-            raise ValueError(f"{what}: a C-contiguous device array of shape {host.shape} is needed, "
-                             f"got {on_device.shape}")
+            raise ValueError(
+                f"{what}: a C-contiguous device array of shape {host.shape} is needed, got {on_device.shape}"
+            )
         dtype = np.dtype(on_device.dtype)
         row_bytes = dev2.shape[1] * dtype.itemsize
         nbytes = max(self.chunk_bytes, row_bytes)  # a row longer than a chunk gets its own

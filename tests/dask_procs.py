@@ -32,8 +32,12 @@ class TLSFiles:
     def security(self) -> Any:
         from distributed.security import Security
 
-        return Security(tls_ca_file=str(self.ca), tls_client_cert=str(self.cert), tls_client_key=str(self.key),
-                        require_encryption=True)
+        return Security(
+            tls_ca_file=str(self.ca),
+            tls_client_cert=str(self.cert),
+            tls_client_key=str(self.key),
+            require_encryption=True,
+        )
 
 
 @dataclass
@@ -90,12 +94,26 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     with open(log, "w") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **(env or {})}, start_new_session=True, cwd=log.parent)
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+            cwd=log.parent,
+        )
 
 
-def start_proc_cluster(folder: Path, n_workers: int = 2, *, nanny: bool = False, tls: TLSFiles | None = None,
-                       env: dict[str, str] | None = None, timeout: float = 60) -> ProcCluster:
+def start_proc_cluster(
+    folder: Path,
+    n_workers: int = 2,
+    *,
+    nanny: bool = False,
+    tls: TLSFiles | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+) -> ProcCluster:
     """Start ``dask scheduler`` and ``n_workers`` single-threaded ``dask worker`` processes on
     127.0.0.1 (ports chosen by the system), and wait until every worker has joined.
 
@@ -107,9 +125,24 @@ def start_proc_cluster(folder: Path, n_workers: int = 2, *, nanny: bool = False,
     security = tls.scheduler_args() if tls else []
     protocol = ["--protocol", "tls"] if tls else []
     # --dashboard-address too: without it the HTTP server (/health) listens on every interface.
-    scheduler = _spawn([*SCHEDULER, "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                        "--dashboard-address", "127.0.0.1:0", *protocol,
-                        "--scheduler-file", str(sched_file), *security], folder / "scheduler.log", env)
+    scheduler = _spawn(
+        [
+            *SCHEDULER,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--no-dashboard",
+            "--dashboard-address",
+            "127.0.0.1:0",
+            *protocol,
+            "--scheduler-file",
+            str(sched_file),
+            *security,
+        ],
+        folder / "scheduler.log",
+        env,
+    )
     cluster = ProcCluster(folder, scheduler, tls=tls)
     try:
         deadline = time.monotonic() + timeout
@@ -118,12 +151,28 @@ def start_proc_cluster(folder: Path, n_workers: int = 2, *, nanny: bool = False,
         if not sched_file.exists():
             raise RuntimeError(f"the scheduler did not start:\n{cluster.logs()}")
         for i in range(n_workers):
-            cluster.workers.append(_spawn(
-                [*WORKER, "--scheduler-file", str(sched_file), "--host", "127.0.0.1", "--nthreads", "1",
-                 "--name", str(i), "--no-dashboard", "--dashboard-address", "127.0.0.1:0",
-                 "--nanny" if nanny else "--no-nanny", *security],
-                folder / f"worker-{i}.log", env,
-            ))
+            cluster.workers.append(
+                _spawn(
+                    [
+                        *WORKER,
+                        "--scheduler-file",
+                        str(sched_file),
+                        "--host",
+                        "127.0.0.1",
+                        "--nthreads",
+                        "1",
+                        "--name",
+                        str(i),
+                        "--no-dashboard",
+                        "--dashboard-address",
+                        "127.0.0.1:0",
+                        "--nanny" if nanny else "--no-nanny",
+                        *security,
+                    ],
+                    folder / f"worker-{i}.log",
+                    env,
+                )
+            )
         with cluster.client(timeout=timeout) as client:
             client.wait_for_workers(n_workers, timeout=timeout)
     except BaseException:

@@ -53,8 +53,14 @@ class _Counter:
 
 def _stats(b: _Counter, c: _Counter) -> SimpleNamespace:
     # The shape of rmm.statistics.Statistics.
-    return SimpleNamespace(current_bytes=b.value, current_count=c.value, peak_bytes=b.peak,
-                           peak_count=c.peak, total_bytes=b.total, total_count=c.total)
+    return SimpleNamespace(
+        current_bytes=b.value,
+        current_count=c.value,
+        peak_bytes=b.peak,
+        peak_count=c.peak,
+        total_bytes=b.total,
+        total_count=c.total,
+    )
 
 
 class FakeStatsAdaptor:
@@ -112,8 +118,14 @@ class OldStatsAdaptor:
 
 def test_counts_read_both_shapes_rmm_returns():
     want = Counts(current_bytes=1, current_count=2, peak_bytes=3, peak_count=4, total_bytes=5, total_count=6)
-    as_dict = {"current_bytes": 1, "current_count": 2, "peak_bytes": 3, "peak_count": 4, "total_bytes": 5,
-               "total_count": 6}
+    as_dict = {
+        "current_bytes": 1,
+        "current_count": 2,
+        "peak_bytes": 3,
+        "peak_count": 4,
+        "total_bytes": 5,
+        "total_count": 6,
+    }
     assert Counts.of(as_dict) == want
     assert Counts.of(SimpleNamespace(**as_dict)) == want
 
@@ -200,16 +212,18 @@ def test_without_the_counter_stack_totals_are_differences_and_an_old_peak_is_unk
 
 
 def test_window_helpers_directly():
-    before = Counts(current_bytes=100, current_count=1, peak_bytes=900, peak_count=3, total_bytes=5000,
-                    total_count=40)
-    job = Counts(current_bytes=-100, current_count=-1, peak_bytes=250, peak_count=2, total_bytes=700,
-                 total_count=7)
-    assert window_from_stack(before, job) == Counts(current_bytes=0, current_count=0, peak_bytes=350,
-                                                    peak_count=3, total_bytes=700, total_count=7)
-    after = Counts(current_bytes=0, current_count=0, peak_bytes=900, peak_count=4, total_bytes=5700,
-                   total_count=47)
+    before = Counts(current_bytes=100, current_count=1, peak_bytes=900, peak_count=3, total_bytes=5000, total_count=40)
+    job = Counts(current_bytes=-100, current_count=-1, peak_bytes=250, peak_count=2, total_bytes=700, total_count=7)
+    assert window_from_stack(before, job) == Counts(
+        current_bytes=0, current_count=0, peak_bytes=350, peak_count=3, total_bytes=700, total_count=7
+    )
+    after = Counts(current_bytes=0, current_count=0, peak_bytes=900, peak_count=4, total_bytes=5700, total_count=47)
     assert window_from_snapshots(before, after) == {
-        "current_bytes": 0, "current_count": 0, "peak_bytes": None, "peak_count": 4, "total_bytes": 700,
+        "current_bytes": 0,
+        "current_count": 0,
+        "peak_bytes": None,
+        "peak_count": 4,
+        "total_bytes": 700,
         "total_count": 7,
     }
 
@@ -263,8 +277,13 @@ class _Callback:  # an RMM callback resource has no upstream_mr
     pass
 
 
-MR = SimpleNamespace(PoolMemoryResource=_Pool, CudaAsyncMemoryResource=_Async, ManagedMemoryResource=_Managed,
-                     CudaMemoryResource=_Cuda, LimitingResourceAdaptor=_Limiting)
+MR = SimpleNamespace(
+    PoolMemoryResource=_Pool,
+    CudaAsyncMemoryResource=_Async,
+    ManagedMemoryResource=_Managed,
+    CudaMemoryResource=_Cuda,
+    LimitingResourceAdaptor=_Limiting,
+)
 
 
 def test_chain_follows_the_spill_fallback_down_to_its_primary():
@@ -278,13 +297,16 @@ def test_chain_follows_the_spill_fallback_down_to_its_primary():
     assert resource_chain(stats) == [stats, fallback.resource]
 
 
-@pytest.mark.parametrize("make,kind,limit", [
-    (lambda: _Res(_Limiting(_Async(), 1 << 30)), "async", 1 << 30),  # dask-cuda: async with a maximum
-    (lambda: _Res(_Pool(_Managed())), "pool", None),  # a pool over managed memory is a pool
-    (lambda: _Res(_Managed()), "managed", None),
-    (lambda: _Res(_Cuda()), "cuda", None),
-    (lambda: _Res(_Callback()), "_Callback", None),  # unknown: named as it is
-])
+@pytest.mark.parametrize(
+    "make,kind,limit",
+    [
+        (lambda: _Res(_Limiting(_Async(), 1 << 30)), "async", 1 << 30),  # dask-cuda: async with a maximum
+        (lambda: _Res(_Pool(_Managed())), "pool", None),  # a pool over managed memory is a pool
+        (lambda: _Res(_Managed()), "managed", None),
+        (lambda: _Res(_Cuda()), "cuda", None),
+        (lambda: _Res(_Callback()), "_Callback", None),  # unknown: named as it is
+    ],
+)
 def test_kind_is_the_topmost_known_resource(make, kind, limit):
     got_kind, pool, got_limit = describe_chain(resource_chain(make()), MR)
     assert (got_kind, got_limit) == (kind, limit)
@@ -293,8 +315,16 @@ def test_kind_is_the_topmost_known_resource(make, kind, limit):
 
 # -- the Result ------------------------------------------------------------------------
 
-GPU_FIGURES = {"kind": "pool", "pool_size": 2 << 30, "limit": None, "peak_bytes": 300 << 20,
-               "current_bytes": 0, "total_bytes": 900 << 20, "total_count": 42, "peak_count": 5}
+GPU_FIGURES = {
+    "kind": "pool",
+    "pool_size": 2 << 30,
+    "limit": None,
+    "peak_bytes": 300 << 20,
+    "current_bytes": 0,
+    "total_bytes": 900 << 20,
+    "total_count": 42,
+    "peak_count": 5,
+}
 
 
 def _result(allocators: dict[str, dict] | None) -> Result:
@@ -302,12 +332,29 @@ def _result(allocators: dict[str, dict] | None) -> Result:
     job = validate_job(doc)
     workload = get_workload_class("dot")(job.params)
     facts = {f"tcp://w{i}:1": DeviceFacts("cpu", i, "cpu", 1 << 30, 1 << 30, "h") for i in range(2)}
-    info = ClusterInfo(client=None, resolved=ResolvedCluster("cpu", [0, 1], "pool", "tcp", "auto", None, None),
-                       owned=True, devices=facts)
+    info = ClusterInfo(
+        client=None,
+        resolved=ResolvedCluster("cpu", [0, 1], "pool", "tcp", "auto", None, None),
+        owned=True,
+        devices=facts,
+    )
     tiles = [Tile(i, {"n": (i * 500, i * 500 + 500)}, f"tcp://w{i}:1") for i in range(2)]
     plan = Plan(tiles=tiles, placement="static", tile_shape={"n": 500}, working_set=8000, budget=1 << 20)
-    records = [TileRecord(index=i, worker=f"h:{100 + i}", device=i, start=1.0, stop=2.0, busy_s=0.5, work=8000.0,
-                          value=1.0, verify_error=0.0, verify_ok=True) for i in range(2)]
+    records = [
+        TileRecord(
+            index=i,
+            worker=f"h:{100 + i}",
+            device=i,
+            start=1.0,
+            stop=2.0,
+            busy_s=0.5,
+            work=8000.0,
+            value=1.0,
+            verify_error=0.0,
+            verify_ok=True,
+        )
+        for i in range(2)
+    ]
     return build_result(job, workload, info, plan, records, wall_s=3.0, outputs=[], allocators=allocators)
 
 
@@ -333,8 +380,9 @@ def test_rows_without_figures_say_so_in_json_and_table():
 
 
 def test_table_shows_pool_size_peak_and_count_compactly():
-    result = _result({"tcp://w0:1": GPU_FIGURES, "tcp://w1:1": {**GPU_FIGURES, "kind": "async", "pool_size": None,
-                                                                "limit": 1 << 30}})
+    result = _result(
+        {"tcp://w0:1": GPU_FIGURES, "tcp://w1:1": {**GPU_FIGURES, "kind": "async", "pool_size": None, "limit": 1 << 30}}
+    )
     out = io.StringIO()
     print_result(result, Console(file=out, width=200))
     text = out.getvalue()
@@ -342,11 +390,14 @@ def test_table_shows_pool_size_peak_and_count_compactly():
     assert "async, cap 1.00 GiB, peak 300.00 MiB, 42 allocs" in text
 
 
-@pytest.mark.parametrize("figures,cell", [
-    (None, "n/a"),
-    ({"kind": "numpy"}, "numpy, n/a"),
-    ({"kind": "default", "pool_size": 1 << 30, "current_bytes": 0}, "default 1.00 GiB, peak n/a"),
-    ({"kind": "managed", "peak_bytes": 1 << 20, "total_count": 3}, "managed, peak 1.00 MiB, 3 allocs"),
-])
+@pytest.mark.parametrize(
+    "figures,cell",
+    [
+        (None, "n/a"),
+        ({"kind": "numpy"}, "numpy, n/a"),
+        ({"kind": "default", "pool_size": 1 << 30, "current_bytes": 0}, "default 1.00 GiB, peak n/a"),
+        ({"kind": "managed", "peak_bytes": 1 << 20, "total_count": 3}, "managed, peak 1.00 MiB, 3 allocs"),
+    ],
+)
 def test_allocator_cell(figures, cell):
     assert allocator_cell(Allocator(**figures) if figures else None) == cell

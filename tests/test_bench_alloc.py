@@ -12,8 +12,8 @@ import types
 from pathlib import Path
 
 import pytest
-
 from conftest import gpu_count, invoke
+
 from mgpu import bench_alloc
 from mgpu.bench_alloc import ALLOCATORS, managed_limit, parse_sizes, spill_cap, summarise
 from mgpu.errors import JobInputError
@@ -110,13 +110,20 @@ def _module(name: str, **attrs: object) -> types.ModuleType:
 def fake_gpu(monkeypatch):
     """One 16 GiB GPU with 8 GiB free, as far as the bench can tell."""
     runtime = types.SimpleNamespace(
-        getDeviceCount=lambda: 1, deviceSynchronize=lambda: None, memsetAsync=_memset,
-        memGetInfo=lambda: (8 << 30, 16 << 30), getDeviceProperties=lambda d: {"name": b"Fake GPU"},
+        getDeviceCount=lambda: 1,
+        deviceSynchronize=lambda: None,
+        memsetAsync=_memset,
+        memGetInfo=lambda: (8 << 30, 16 << 30),
+        getDeviceProperties=lambda d: {"name": b"Fake GPU"},
     )
     cuda = types.SimpleNamespace(runtime=runtime, Device=lambda d: types.SimpleNamespace(use=lambda: None))
-    mr = types.SimpleNamespace(CudaMemoryResource=CudaMemoryResource, CudaAsyncMemoryResource=CudaAsyncMemoryResource,
-                               ManagedMemoryResource=ManagedMemoryResource, PoolMemoryResource=PoolMemoryResource,
-                               CallbackMemoryResource=CallbackMemoryResource)
+    mr = types.SimpleNamespace(
+        CudaMemoryResource=CudaMemoryResource,
+        CudaAsyncMemoryResource=CudaAsyncMemoryResource,
+        ManagedMemoryResource=ManagedMemoryResource,
+        PoolMemoryResource=PoolMemoryResource,
+        CallbackMemoryResource=CallbackMemoryResource,
+    )
     monkeypatch.setitem(sys.modules, "cupy", _module("cupy", cuda=cuda))
     monkeypatch.setitem(sys.modules, "rmm", _module("rmm", mr=mr))
     LEDGER.__init__()
@@ -207,8 +214,13 @@ def test_without_a_gpu_it_says_so_and_exits_2():
 
 @no_gpu
 def test_without_a_gpu_the_real_command_exits_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "mgpu", "bench", "alloc", "--json", str(tmp_path / "a.json")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mgpu", "bench", "alloc", "--json", str(tmp_path / "a.json")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.startswith("mgpu: error: mgpu bench alloc needs a GPU: ")
     assert "Traceback" not in proc.stderr and not (tmp_path / "a.json").exists()

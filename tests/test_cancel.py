@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-
 from dask_procs import start_proc_cluster
 from test_multinode import DELAY, ROOT, matmul_job, mgpu_cmd, scheduler_task_count
 
@@ -39,8 +38,9 @@ def test_signal_mid_job_cancels_closes_the_cluster_and_keeps_nothing(tmp_path, s
     cmd = mgpu_cmd(job, "--backend", "cpu", "--devices", "2", "--no-dashboard", "--json", tmp_path / "out.json")
     env = {**os.environ, **DELAY}
     # Its own session, as a shell gives a foreground job: Ctrl-C reaches every process in it.
-    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                          start_new_session=True) as proc:
+    with subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    ) as proc:
         _wait_for_a_written_tile(tmp_path, proc)
         started = psutil.Process(proc.pid).children(recursive=True)
         assert len(started) >= 2  # the two worker processes of the LocalCluster (and their helpers)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import gpu_count, invoke, submit_json, write_job
 
 import mgpu
-from conftest import gpu_count, invoke, submit_json, write_job
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,9 +21,25 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_python_m_mgpu_submit_example_job(tmp_path):
     out = tmp_path / "out.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "mgpu", "submit", "jobs/matmul.yaml", "--json", str(out),
-         "--set", "params.m=256", "--set", "params.n=256", "--set", "params.k=256"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "mgpu",
+            "submit",
+            "jobs/matmul.yaml",
+            "--json",
+            str(out),
+            "--set",
+            "params.m=256",
+            "--set",
+            "params.n=256",
+            "--set",
+            "params.k=256",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
@@ -64,13 +80,18 @@ def test_version():
     assert mgpu.__version__ == importlib.metadata.version("mgpu")
 
 
-@pytest.mark.parametrize("args,expect", [
-    (["-h"], ["submit", "info", "Usage:"]),
-    (["--help"], ["submit", "info"]),
-    (["submit", "-h"], ["JOB_FILE", "--scheduler", "--set", "--json", "--devices", "--backend", "--no-verify",
-                        "--force"]),
-    (["info", "-h"], ["--json"]),
-])
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["-h"], ["submit", "info", "Usage:"]),
+        (["--help"], ["submit", "info"]),
+        (
+            ["submit", "-h"],
+            ["JOB_FILE", "--scheduler", "--set", "--json", "--devices", "--backend", "--no-verify", "--force"],
+        ),
+        (["info", "-h"], ["--json"]),
+    ],
+)
 def test_help(args, expect):
     res = invoke(*args)
     assert res.code == 0, res.output
@@ -105,8 +126,14 @@ def test_quiet_prints_nothing_on_success(tmp_path, scheduler):
 def test_result_says_where_the_start_up_went(tmp_path):
     """A cluster mgpu starts: its start, the ceilings, plan, warm-up and first tile are each
     timed, in order, and together fit inside the job's wall time."""
-    job = write_job(tmp_path / "job.yaml", {"workload": "matmul", "params": {"m": 64, "n": 64, "k": 64},
-                                            "cluster": {"backend": "cpu", "devices": 2, "dashboard": None}})
+    job = write_job(
+        tmp_path / "job.yaml",
+        {
+            "workload": "matmul",
+            "params": {"m": 64, "n": 64, "k": 64},
+            "cluster": {"backend": "cpu", "devices": 2, "dashboard": None},
+        },
+    )
     res, data = submit_json(job, tmp_path / "r.json")
     assert res.code == 0, res.output
     st = data["startup"]

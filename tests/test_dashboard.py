@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dask.utils import key_split
-
 from conftest import invoke, write_job
+from dask.utils import key_split
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -30,7 +29,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 needs_chromium = pytest.mark.skipif(
     not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
     reason="needs Debian's chromium and chromium-driver (/usr/bin/chromium, /usr/bin/chromedriver): "
-           "apt-get install chromium chromium-driver, as .ci/run does",
+    "apt-get install chromium chromium-driver, as .ci/run does",
 )
 
 
@@ -70,8 +69,9 @@ def test_mgpu_tasks_have_readable_names_in_the_task_stream(tmp_path, scheduler):
 
 
 def test_no_dashboard_starts_none_and_a_bad_address_is_refused(tmp_path):
-    job = write_job(tmp_path / "job.yaml", {"workload": "dot", "params": {"n": 1000},
-                                            "cluster": {"backend": "cpu", "devices": 1}})
+    job = write_job(
+        tmp_path / "job.yaml", {"workload": "dot", "params": {"n": 1000}, "cluster": {"backend": "cpu", "devices": 1}}
+    )
     res = invoke("submit", job, "--no-dashboard")
     assert res.code == 0, res.output
     assert "running on 1 CPU worker" in res.stdout and "dashboard" not in res.output
@@ -130,9 +130,18 @@ def _browser(profile: Path) -> Any:
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--window-size=1400,900", f"--user-data-dir={profile}"):
+    for arg in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,900",
+        f"--user-data-dir={profile}",
+    ):
         options.add_argument(arg)
     options.binary_location = str(CHROMIUM)
     return webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
@@ -159,13 +168,33 @@ return {roots: roots, names: Array.from(names)};
 @needs_chromium
 def test_keep_open_dashboard_renders_in_chromium_with_mgpu_task_names(tmp_path):
     port = _free_port()
-    job = write_job(tmp_path / "mm.yaml", {"workload": "matmul", "params": {"m": 256, "n": 256, "k": 128},
-                                           "tiling": {"m": 64, "n": 128}, "cluster": {"backend": "cpu", "devices": 2}})
+    job = write_job(
+        tmp_path / "mm.yaml",
+        {
+            "workload": "matmul",
+            "params": {"m": 256, "n": 256, "k": 128},
+            "tiling": {"m": 64, "n": 128},
+            "cluster": {"backend": "cpu", "devices": 2},
+        },
+    )
     out = tmp_path / "result.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mgpu", "submit", str(job), "--keep-open", "--dashboard", f"127.0.0.1:{port}",
-         "--json", str(out)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "mgpu",
+            "submit",
+            str(job),
+            "--keep-open",
+            "--dashboard",
+            f"127.0.0.1:{port}",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"},
     )
     lines = _Lines(proc)

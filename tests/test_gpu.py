@@ -37,12 +37,15 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-@pytest.mark.parametrize("rows,cols,total", [
-    ((0, 1), (0, 1), 1),
-    ((3, 17), (5, 1000), 1013),  # a block inside the operand: the 32-bit division path
-    ((100, 613), (0, 997), 997),  # full width: no division
-    ((4, 5), (7, 70_000), 80_000),  # one row of the operand
-])
+@pytest.mark.parametrize(
+    "rows,cols,total",
+    [
+        ((0, 1), (0, 1), 1),
+        ((3, 17), (5, 1000), 1013),  # a block inside the operand: the 32-bit division path
+        ((100, 613), (0, 997), 997),  # full width: no division
+        ((4, 5), (7, 70_000), 80_000),  # one row of the operand
+    ],
+)
 def test_random_block_is_bit_identical_on_gpu(dtype, rows, cols, total):
     kw = dict(seed=7, operand=1, rows=rows, cols=cols, total_cols=total, dtype=dtype)
     cpu = kernels.random_block(np, **kw)
@@ -100,18 +103,31 @@ def test_dot_check_sums_products_and_their_magnitudes(n):
 
 
 def _job(workload: str, params: dict, **cluster) -> dict:
-    return {"name": f"gpu-{workload}", "workload": workload, "params": params,
-            "cluster": {"backend": "cuda", "dashboard": None, **cluster}}
+    return {
+        "name": f"gpu-{workload}",
+        "workload": workload,
+        "params": params,
+        "cluster": {"backend": "cuda", "dashboard": None, **cluster},
+    }
 
 
 @pytest.mark.parametrize("allocator", ["pool", "async"])
 def test_matmul_on_cuda_cluster_matches_cpu_backend(tmp_path, allocator):
     params = {"m": 1031, "n": 517, "k": 263, "dtype": "float32", "seed": 3}
     gpu_out, cpu_out = tmp_path / "gpu.npy", tmp_path / "cpu.npy"
-    gpu = run_job(validate_job(_job("matmul", {**params, "output": str(gpu_out)}, allocator=allocator,
-                                    memory_limit="2GB"), ))
-    cpu = run_job(validate_job({**_job("matmul", {**params, "output": str(cpu_out)}),
-                                "cluster": {"backend": "cpu", "devices": 2, "dashboard": None}}))
+    gpu = run_job(
+        validate_job(
+            _job("matmul", {**params, "output": str(gpu_out)}, allocator=allocator, memory_limit="2GB"),
+        )
+    )
+    cpu = run_job(
+        validate_job(
+            {
+                **_job("matmul", {**params, "output": str(cpu_out)}),
+                "cluster": {"backend": "cpu", "devices": 2, "dashboard": None},
+            }
+        )
+    )
     assert gpu.status == "ok" and gpu.backend == "cuda" and gpu.verify.passed
     assert gpu.env["allocator"] == allocator
     assert sorted(d.id for d in gpu.per_device) == list(range(_gpu_count()))
@@ -165,8 +181,14 @@ def test_dot_on_cuda_cluster(dtype):
 def test_mandelbrot_on_cuda_cluster_equals_cpu_backend(tmp_path):
     params = {"width": 640, "height": 480, "max_iter": 500, "dtype": "float32"}
     gpu = run_job(validate_job(_job("mandelbrot", {**params, "output": {"npy": str(tmp_path / "g.npy")}})))
-    cpu = run_job(validate_job({**_job("mandelbrot", {**params, "output": {"npy": str(tmp_path / "c.npy")}}),
-                                "cluster": {"backend": "cpu", "devices": 2, "dashboard": None}}))
+    cpu = run_job(
+        validate_job(
+            {
+                **_job("mandelbrot", {**params, "output": {"npy": str(tmp_path / "c.npy")}}),
+                "cluster": {"backend": "cpu", "devices": 2, "dashboard": None},
+            }
+        )
+    )
     assert gpu.verify.passed and cpu.verify.passed
     np.testing.assert_array_equal(np.load(tmp_path / "g.npy"), np.load(tmp_path / "c.npy"))
     assert gpu.value is None and gpu.throughput.unit == "Giter/s"
@@ -224,8 +246,11 @@ def test_spill_to_managed_memory_finishes_a_tile_bigger_than_the_budget(allocato
 
 
 def test_within_budget_nothing_spills():
-    result = run_job(validate_job(_job("matmul", {"m": 2048, "n": 2048, "k": 2048}, devices=[0],
-                                       memory_limit="4GB", spill="managed")))
+    result = run_job(
+        validate_job(
+            _job("matmul", {"m": 2048, "n": 2048, "k": 2048}, devices=[0], memory_limit="4GB", spill="managed")
+        )
+    )
     assert result.verify.passed and result.spill.events == 0 and result.spill.bytes == 0
 
 
@@ -242,8 +267,11 @@ def test_cupy_allocations_reach_the_statistics_adaptor():
 
     old_mr, old_alloc, old_dev = rmm.mr.get_current_device_resource(), cupy.cuda.get_allocator(), _device._CURRENT
     try:
-        rmm.mr.set_current_device_resource(rmm.mr.PoolMemoryResource(
-            rmm.mr.CudaMemoryResource(), initial_pool_size=256 << 20, maximum_pool_size=256 << 20))
+        rmm.mr.set_current_device_resource(
+            rmm.mr.PoolMemoryResource(
+                rmm.mr.CudaMemoryResource(), initial_pool_size=256 << 20, maximum_pool_size=256 << 20
+            )
+        )
         cupy.cuda.set_allocator(rmm_cupy_allocator)
         facts = _device.DeviceFacts("cuda", 0, "gpu", 1 << 30, 1 << 30, "host")
         dev = _device.Device("cuda", cupy, facts)
@@ -302,8 +330,7 @@ def test_statistics_see_spilled_allocations_too():
 
 
 def test_default_allocator_reports_cupys_pool_and_no_counts():
-    result = run_job(validate_job(_job("matmul", {"m": 1024, "n": 1024, "k": 1024}, devices=[0],
-                                       allocator="default")))
+    result = run_job(validate_job(_job("matmul", {"m": 1024, "n": 1024, "k": 1024}, devices=[0], allocator="default")))
     (row,) = result.per_device
     assert row.allocator.kind == "default" and row.allocator.pool_size > 0
     assert row.allocator.peak_bytes is None and row.allocator.total_count is None
@@ -316,13 +343,30 @@ def test_bench_alloc_reports_every_allocator_and_the_fallback_path_falls_back(tm
     import json
     import subprocess
     import sys
-
     from pathlib import Path
 
     out = tmp_path / "alloc.json"
-    proc = subprocess.run([sys.executable, "-m", "mgpu", "bench", "alloc", "--sizes", "1MiB,64MiB",
-                           "--iterations", "5", "--repeats", "2", "--json", str(out)],
-                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mgpu",
+            "bench",
+            "alloc",
+            "--sizes",
+            "1MiB,64MiB",
+            "--iterations",
+            "5",
+            "--repeats",
+            "2",
+            "--json",
+            str(out),
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
     from mgpu.bench_alloc import ALLOCATORS
@@ -348,8 +392,9 @@ def test_in_order_work_runs_on_one_shared_stream_between_each_threads_own_work()
 
     from mgpu.device import Device, DeviceFacts
 
-    dev = Device("cuda", cupy, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"),
-                 new_stream=lambda: cupy.cuda.Stream(non_blocking=True))
+    dev = Device(
+        "cuda", cupy, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"), new_stream=lambda: cupy.cuda.Stream(non_blocking=True)
+    )
     got: dict = {}
 
     def band(i: int) -> None:
@@ -377,11 +422,14 @@ def check_wait_behind_next_band(dev) -> tuple[float, float]:
     the SMs of blocks that end, ahead of the second kernel's waiting blocks or after them."""
     import threading
 
-    spin = cupy.RawKernel(r"""
+    spin = cupy.RawKernel(
+        r"""
     extern "C" __global__ void spin(long long cycles) {
         long long t0 = clock64();
         while (clock64() - t0 < cycles) {}
-    }""", "spin")
+    }""",
+        "spin",
+    )
     props = cupy.cuda.runtime.getDeviceProperties(0)
     blocks, cycles = props["multiProcessorCount"] * 8 * 40, cupy.int64(props["clockRate"])  # 1 ms a block
     events = {name: cupy.cuda.Event() for name in ("k1", "k2_start", "k2", "check")}
@@ -409,8 +457,10 @@ def check_wait_behind_next_band(dev) -> tuple[float, float]:
     second_queued.set()
     band.join()
     events["k2"].synchronize()
-    return (cupy.cuda.get_elapsed_time(events["k1"], events["check"]),
-            cupy.cuda.get_elapsed_time(events["k2_start"], events["k2"]))
+    return (
+        cupy.cuda.get_elapsed_time(events["k1"], events["check"]),
+        cupy.cuda.get_elapsed_time(events["k2_start"], events["k2"]),
+    )
 
 
 def test_a_bands_check_runs_as_its_kernel_ends_not_after_the_bands_queued_behind_it():
@@ -428,8 +478,9 @@ def test_staged_copies_round_trip_strided_blocks_through_a_small_ring():
     from mgpu import transfer
     from mgpu.device import Device, DeviceFacts
 
-    dev = Device("cuda", cupy, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"),
-                 new_stream=lambda: cupy.cuda.Stream(non_blocking=True))
+    dev = Device(
+        "cuda", cupy, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"), new_stream=lambda: cupy.cuda.Stream(non_blocking=True)
+    )
     big = np.random.default_rng(1).standard_normal((1500, 700)).astype(np.float32)
     src = big[100:1400, 50:650]  # strided, as a column block of a row-major file
     stager = transfer.Stager(dev, chunk_bytes=64 << 10)  # ~27 rows per chunk: the ring wraps many times
@@ -454,8 +505,11 @@ def test_distributed_matmul_from_files_writes_the_product_and_counts_pcie(tmp_pa
     np.save(tmp_path / "a.npy", a)
     np.save(tmp_path / "b.npy", b)
     out = tmp_path / "c.npy"
-    params = {"input": {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")}, "output": str(out),
-              "operands": "distributed"}
+    params = {
+        "input": {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")},
+        "output": str(out),
+        "operands": "distributed",
+    }
     result = run_job(validate_job(_job("matmul", params, devices=[0, 1])))
     assert result.status == "ok" and result.verify.passed
     ref = a.astype(np.float64) @ b.astype(np.float64)

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from conftest import invoke, write_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,12 +19,18 @@ MiB = 2**20
 
 def _jobs(tmp_path: Path) -> list[Path]:
     return [
-        write_job(tmp_path / "a.yaml", {"workload": "matmul",
-                                        "params": {"m": 40, "n": 24, "k": 8, "output": str(tmp_path / "c.npy")}}),
+        write_job(
+            tmp_path / "a.yaml",
+            {"workload": "matmul", "params": {"m": 40, "n": 24, "k": 8, "output": str(tmp_path / "c.npy")}},
+        ),
         write_job(tmp_path / "b.yaml", {"workload": "dot", "params": {"n": 10_000, "seed": 3}}),
-        write_job(tmp_path / "c.yaml", {"workload": "mandelbrot",
-                                        "params": {"width": 16, "height": 12, "max_iter": 20,
-                                                   "output": {"npy": str(tmp_path / "m.npy")}}}),
+        write_job(
+            tmp_path / "c.yaml",
+            {
+                "workload": "mandelbrot",
+                "params": {"width": 16, "height": 12, "max_iter": 20, "output": {"npy": str(tmp_path / "m.npy")}},
+            },
+        ),
     ]
 
 
@@ -74,8 +79,13 @@ def test_two_jobs_writing_one_output_are_refused(tmp_path, scheduler):
 
 
 def test_ten_jobs_in_a_row_leave_no_growth_and_no_stray_process(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "many_jobs.py"), "--jobs", "10",
-                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "many_jobs.py"), "--jobs", "10", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "many_jobs.json").read_text())
     assert report["run"]["rc"] == 0, report["run"]["stderr"]

@@ -10,15 +10,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import psutil
 import pytest
-
 from conftest import write_job
 from dask_procs import start_proc_cluster, wait_until_processing, worker_by_name
+
 from mgpu import kernels
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,16 +30,20 @@ def mgpu_cmd(*args: Any) -> list[str]:
 
 
 def run_mgpu(*args: Any, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(mgpu_cmd(*args), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        mgpu_cmd(*args), cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
 
 
 def matmul_job(tmp_path: Path, m: int, n: int, k: int, tiling: dict[str, int], seed: int = 0) -> Path:
-    return write_job(tmp_path / "job.yaml", {
-        "workload": "matmul",
-        "params": {"m": m, "n": n, "k": k, "dtype": "float64", "seed": seed, "output": str(tmp_path / "c.npy")},
-        "tiling": tiling,
-    })
+    return write_job(
+        tmp_path / "job.yaml",
+        {
+            "workload": "matmul",
+            "params": {"m": m, "n": n, "k": k, "dtype": "float64", "seed": seed, "output": str(tmp_path / "c.npy")},
+            "tiling": tiling,
+        },
+    )
 
 
 def reference(m: int, n: int, k: int, seed: int = 0) -> np.ndarray:
@@ -116,12 +121,19 @@ def _kill_when_busy(cluster: Any, name: str, job_proc: subprocess.Popen) -> str:
     return victim
 
 
-def _submit_killing(cluster: Any, job: Path, out: Path, name: str,
-                    env: dict[str, str] | None = None) -> tuple[int, str, str, str]:
+def _submit_killing(
+    cluster: Any, job: Path, out: Path, name: str, env: dict[str, str] | None = None
+) -> tuple[int, str, str, str]:
     """Submit ``job`` to ``cluster`` and SIGKILL worker ``name`` mid-job; returns (exit code,
     stdout, stderr, the killed worker's address)."""
-    with subprocess.Popen(mgpu_cmd(job, "--scheduler", cluster.address, "--json", out), cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+    with subprocess.Popen(
+        mgpu_cmd(job, "--scheduler", cluster.address, "--json", out),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    ) as proc:
         victim = _kill_when_busy(cluster, name, proc)
         stdout, stderr = proc.communicate(timeout=180)
     return proc.returncode, stdout, stderr, victim
@@ -155,11 +167,21 @@ def test_worker_killed_mid_distributed_matmul_its_panels_and_tiles_are_made_agai
     # Its panels die with it: the survivor makes them again (in their chain) and runs its tiles.
     cluster = start_proc_cluster(tmp_path / "cluster", n_workers=2, env=DELAY)
     try:
-        job = write_job(tmp_path / "job.yaml", {
-            "workload": "matmul",
-            "params": {"m": 90, "n": 70, "k": 50, "dtype": "float64", "seed": 2, "operands": "distributed",
-                       "output": str(tmp_path / "c.npy")},
-        })
+        job = write_job(
+            tmp_path / "job.yaml",
+            {
+                "workload": "matmul",
+                "params": {
+                    "m": 90,
+                    "n": 70,
+                    "k": 50,
+                    "dtype": "float64",
+                    "seed": 2,
+                    "operands": "distributed",
+                    "output": str(tmp_path / "c.npy"),
+                },
+            },
+        )
         code, stdout, stderr, victim = _submit_killing(cluster, job, tmp_path / "out.json", "1")
         assert code == 0, stdout + stderr + cluster.logs()
         data = json.loads((tmp_path / "out.json").read_text())

@@ -110,8 +110,11 @@ def test_default_dot_n_exceeds_the_budget_on_each_device():
 
 
 def test_job_seconds_leaves_out_the_start_up():
-    r = {"wall_s": 10.0, "compute_s": 4.0,
-         "startup": {"cluster_s": 3.0, "ceilings_s": 1.0, "plan_s": 0.5, "warmup_s": 0.5, "first_tile_s": 2.0}}
+    r = {
+        "wall_s": 10.0,
+        "compute_s": 4.0,
+        "startup": {"cluster_s": 3.0, "ceilings_s": 1.0, "plan_s": 0.5, "warmup_s": 0.5, "first_tile_s": 2.0},
+    }
     assert oc.job_seconds(r) == pytest.approx(5.0)
     assert oc.job_seconds({"wall_s": 10.0, "compute_s": 4.0}) == 4.0
 
@@ -132,8 +135,12 @@ def test_ceilings_from_a_real_result_and_from_this_run():
 
 
 def test_best_runs_per_host_memory_kind():
-    runs = [{"host": "pageable", "block_dim": 8192, "seconds": 9.0}, {"host": "pageable", "block_dim": 4096, "seconds": 11.0},
-            {"host": "pinned", "block_dim": 8192, "seconds": 4.0}, {"host": "pinned", "block_dim": 4096, "seconds": 3.5}]
+    runs = [
+        {"host": "pageable", "block_dim": 8192, "seconds": 9.0},
+        {"host": "pageable", "block_dim": 4096, "seconds": 11.0},
+        {"host": "pinned", "block_dim": 8192, "seconds": 4.0},
+        {"host": "pinned", "block_dim": 4096, "seconds": 3.5},
+    ]
     best = oc.best_runs(runs)
     assert best["pageable"]["block_dim"] == 8192 and best["pinned"]["block_dim"] == 4096
     assert oc.best_runs(None) == {}
@@ -151,30 +158,63 @@ def test_rel_max_error_and_sample_rows():
 
 def _result(seconds_after_warmup: float, **extra):
     startup = {"cluster_s": 1.0, "ceilings_s": 0.5, "plan_s": 0.0, "warmup_s": 0.5, "first_tile_s": 0.1}
-    return {"status": "ok", "backend": "cuda", "verify": {"passed": True, "max_rel_error": 1e-7},
-            "wall_s": 2.0 + seconds_after_warmup, "compute_s": seconds_after_warmup / 2, "startup": startup,
-            "roofline": {"limit": 100.0, "fraction": 0.5, "basis": "2 x gemm_float32 measured on one device alone"},
-            "per_device": [{"bytes_h2d": 5_000_000, "bytes_d2h": 1_000_000}] * 2, **extra}
+    return {
+        "status": "ok",
+        "backend": "cuda",
+        "verify": {"passed": True, "max_rel_error": 1e-7},
+        "wall_s": 2.0 + seconds_after_warmup,
+        "compute_s": seconds_after_warmup / 2,
+        "startup": startup,
+        "roofline": {"limit": 100.0, "fraction": 0.5, "basis": "2 x gemm_float32 measured on one device alone"},
+        "per_device": [{"bytes_h2d": 5_000_000, "bytes_d2h": 1_000_000}] * 2,
+        **extra,
+    }
 
 
 def test_summary_of_a_gpu_run(capsys):
     # 1000³ float32 on 2 GPUs of 50 TFLOP/s and 50 GB/s: compute 2e9 / 1e14 = 2e-5 s, PCIe
     # 12e6 B / 1e11 B/s = 1.2e-4 s, so PCIe-bound at 1.2e-4 s.
-    report = {"n": 1000, "dot_n": 1_000_000, "devices": [0, 1], "checks": {}, "steps": {
-        "ceilings": {"out": {"per_gpu": {"0": {"gemm_float32": 60.0, "h2d_pinned": 40.0},
-                                         "1": {"gemm_float32": 60.0, "h2d_pinned": 60.0}}}},
-        "mgpu-matmul": {"result": _result(2.4e-4)},
-        "mgpu-matmul-per-tile": {"result": _result(4.8e-4, plan={"tile_shape": {"m": 500, "n": 250, "k": 1000}})},
-        "mgpu-dot": {"result": _result(1e-4, value=2.0)},
-        "reference": {"out": {"dot": 2.0}},
-        "host-routes": {"out": {"status": "measured", "runs": [
-            {"method": "dma-only", "gbps": 200.0}, {"method": "copy-pread", "gbps": 90.0},
-            {"method": "copy-pread", "gbps": 100.0}, {"method": "pread", "gbps": 95.0}]}},
-        "cublasxt": {"out": {"status": "ran", "runs": [
-            {"host": "pageable", "block_dim": 512, "seconds": 7.2e-4, "tflops": 2.78},
-            {"host": "pageable", "block_dim": 256, "seconds": 9e-4, "tflops": 2.2},
-            {"host": "pinned", "block_dim": 512, "seconds": 3.6e-4, "tflops": 5.56}]}},
-    }}
+    report = {
+        "n": 1000,
+        "dot_n": 1_000_000,
+        "devices": [0, 1],
+        "checks": {},
+        "steps": {
+            "ceilings": {
+                "out": {
+                    "per_gpu": {
+                        "0": {"gemm_float32": 60.0, "h2d_pinned": 40.0},
+                        "1": {"gemm_float32": 60.0, "h2d_pinned": 60.0},
+                    }
+                }
+            },
+            "mgpu-matmul": {"result": _result(2.4e-4)},
+            "mgpu-matmul-per-tile": {"result": _result(4.8e-4, plan={"tile_shape": {"m": 500, "n": 250, "k": 1000}})},
+            "mgpu-dot": {"result": _result(1e-4, value=2.0)},
+            "reference": {"out": {"dot": 2.0}},
+            "host-routes": {
+                "out": {
+                    "status": "measured",
+                    "runs": [
+                        {"method": "dma-only", "gbps": 200.0},
+                        {"method": "copy-pread", "gbps": 90.0},
+                        {"method": "copy-pread", "gbps": 100.0},
+                        {"method": "pread", "gbps": 95.0},
+                    ],
+                }
+            },
+            "cublasxt": {
+                "out": {
+                    "status": "ran",
+                    "runs": [
+                        {"host": "pageable", "block_dim": 512, "seconds": 7.2e-4, "tflops": 2.78},
+                        {"host": "pageable", "block_dim": 256, "seconds": 9e-4, "tflops": 2.2},
+                        {"host": "pinned", "block_dim": 512, "seconds": 3.6e-4, "tflops": 5.56},
+                    ],
+                }
+            },
+        },
+    }
     s = oc.summarize(report)
     assert s["ceilings"]["gemm_float32"] == {"value": 50.0, "source": "mgpu result"}  # 100 over 2 workers
     assert s["ceilings"]["h2d_pinned"] == {"value": 50.0, "source": "measured here (CuPy)"}
@@ -187,8 +227,14 @@ def test_summary_of_a_gpu_run(capsys):
     assert mm["cublasxt"]["pageable"]["block_dim"] == 512
     assert mm["cublasxt"]["pinned"]["share_of_bound"] == pytest.approx(1 / 3)
     # A read 4 times (n / 250), B twice (m / 500), C once.
-    assert s["pcie"] == {"minimum": 12_000_000, "distributed": 12_000_000, "per_tile": 12_000_000,
-                         "per_tile_planned": 28_000_000, "dot": 12_000_000, "dot_minimum": 8_000_000}
+    assert s["pcie"] == {
+        "minimum": 12_000_000,
+        "distributed": 12_000_000,
+        "per_tile": 12_000_000,
+        "per_tile_planned": 28_000_000,
+        "dot": 12_000_000,
+        "dot_minimum": 8_000_000,
+    }
     assert s["dot"]["gbps"] == pytest.approx(80.0) and s["dot"]["share"] == pytest.approx(0.8)
     assert s["dot"]["rel_error_vs_float64"] == 0.0
     # The best of each host route; the dot against the faster of the file routes (not the DMA's).
@@ -238,13 +284,15 @@ def test_gemm_args_swap_the_operands():
 
 
 def test_mapped_library_finds_libcublas_not_lt():
-    maps = "\n".join([
-        "7f00-7f10 r--p 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6",
-        "7f10-7f20 r-xp 00000000 08:01 2 /opt/py/site-packages/nvidia/cu13/lib/libcublasLt.so.13",
-        "7f20-7f30 r-xp 00000000 08:01 3 /opt/py/site-packages/nvidia/cu13/lib/libcublas.so.13",
-        "7f30-7f40 rw-p 00000000 00:00 0 ",
-        "7f40-7f50 rw-p 00000000 00:00 0 [heap]",
-    ])
+    maps = "\n".join(
+        [
+            "7f00-7f10 r--p 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6",
+            "7f10-7f20 r-xp 00000000 08:01 2 /opt/py/site-packages/nvidia/cu13/lib/libcublasLt.so.13",
+            "7f20-7f30 r-xp 00000000 08:01 3 /opt/py/site-packages/nvidia/cu13/lib/libcublas.so.13",
+            "7f30-7f40 rw-p 00000000 00:00 0 ",
+            "7f40-7f50 rw-p 00000000 00:00 0 [heap]",
+        ]
+    )
     assert xt.mapped_library(maps) == "/opt/py/site-packages/nvidia/cu13/lib/libcublas.so.13"
     assert xt.mapped_library(maps.replace("libcublas.so.13", "libfoo.so")) is None
 
@@ -289,15 +337,34 @@ def test_cli_rejects_bad_values():
 def _run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "outofcore.py"), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "outofcore.py"), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.skipif(_gpu_count() > 0, reason="the CPU run; on GPUs the benchmark runs cuBLASXt")
 def test_quick_run_on_cpu_workers(tmp_path):
     out, scratch = tmp_path / "out", tmp_path / "scratch"
-    res = _run([str(out), "--quick", "--n", "256", "--dot-n", "100000", "--budget", "2MiB",
-                "--scratch", str(scratch), "--keep"])
+    res = _run(
+        [
+            str(out),
+            "--quick",
+            "--n",
+            "256",
+            "--dot-n",
+            "100000",
+            "--budget",
+            "2MiB",
+            "--scratch",
+            str(scratch),
+            "--keep",
+        ]
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "mgpu matmul, operands distributed" in res.stdout and "skipped: no GPU" in res.stdout
     report = json.loads((out / "outofcore.json").read_text())
@@ -319,8 +386,9 @@ def test_quick_run_on_cpu_workers(tmp_path):
     # The files hold mgpu's random operands of seed 0.
     from mgpu.kernels import random_block
 
-    np.testing.assert_array_equal(a[3:5], random_block(np, seed=0, operand=0, rows=(3, 5), cols=(0, 256),
-                                                       total_cols=256, dtype="float32"))
+    np.testing.assert_array_equal(
+        a[3:5], random_block(np, seed=0, operand=0, rows=(3, 5), cols=(0, 256), total_cols=256, dtype="float32")
+    )
     s = report["summary"]
     x, y = np.load(scratch / "x.npy"), np.load(scratch / "y.npy")
     assert s["dot"]["value"] == pytest.approx(float(x.astype(np.float64) @ y.astype(np.float64)), rel=1e-12)

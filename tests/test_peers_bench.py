@@ -33,38 +33,40 @@ def _kv(key: str, value: str) -> str:  # dask_cuda.benchmarks.utils.print_key_va
 
 
 # What local_cupy prints (pretty_print_results + print_throughput_bandwidth), two runs.
-LOCAL_CUPY_OUTPUT = "\n".join([
-    "Roundtrip benchmark",
-    "-" * 80,
-    _kv("Backend", "dask"),
-    _kv("Operation", "dot"),
-    _kv("Array type", "cupy"),
-    _kv("User size", "40000"),
-    _kv("Compute shape", "(40000, 40000)"),
-    _kv("Compute chunk size", "(10000, 10000)"),
-    _kv("Device(s)", "0,1"),
-    _kv("Data processed", "23.84 GiB"),
-    _kv("RMM Pool", "True"),
-    _kv("Protocol", "ucx"),
-    _kv("UCX transport selection", "manual"),
-    _kv("NVLink", "True"),
-    _kv("Worker thread(s)", "1"),
-    _kv("Number of workers", "2"),
-    "=" * 80,
-    _kv("Wall clock", "Throughput"),
-    "-" * 80,
-    _kv(format_time(1.68), "14.19 GiB/s"),
-    _kv(format_time(1.64), "14.54 GiB/s"),
-    "=" * 80,
-    _kv("Throughput", "14.36 GiB/s +/- 123.21 MiB/s"),
-    _kv("Bandwidth", "48.70 GiB/s +/- 3.10 GiB/s"),
-    _kv("Wall clock", f"{format_time(1.66)} +/- {format_time(0.02)}"),
-    "=" * 80,
-    _kv("(w1,w2)", "25% 50% 75% (total nbytes)"),
-    "-" * 80,
-    _kv("(0,1)", "40.10 GiB/s 48.70 GiB/s 52.00 GiB/s (5.96 GiB)"),
-    "=" * 80,
-])
+LOCAL_CUPY_OUTPUT = "\n".join(
+    [
+        "Roundtrip benchmark",
+        "-" * 80,
+        _kv("Backend", "dask"),
+        _kv("Operation", "dot"),
+        _kv("Array type", "cupy"),
+        _kv("User size", "40000"),
+        _kv("Compute shape", "(40000, 40000)"),
+        _kv("Compute chunk size", "(10000, 10000)"),
+        _kv("Device(s)", "0,1"),
+        _kv("Data processed", "23.84 GiB"),
+        _kv("RMM Pool", "True"),
+        _kv("Protocol", "ucx"),
+        _kv("UCX transport selection", "manual"),
+        _kv("NVLink", "True"),
+        _kv("Worker thread(s)", "1"),
+        _kv("Number of workers", "2"),
+        "=" * 80,
+        _kv("Wall clock", "Throughput"),
+        "-" * 80,
+        _kv(format_time(1.68), "14.19 GiB/s"),
+        _kv(format_time(1.64), "14.54 GiB/s"),
+        "=" * 80,
+        _kv("Throughput", "14.36 GiB/s +/- 123.21 MiB/s"),
+        _kv("Bandwidth", "48.70 GiB/s +/- 3.10 GiB/s"),
+        _kv("Wall clock", f"{format_time(1.66)} +/- {format_time(0.02)}"),
+        "=" * 80,
+        _kv("(w1,w2)", "25% 50% 75% (total nbytes)"),
+        "-" * 80,
+        _kv("(0,1)", "40.10 GiB/s 48.70 GiB/s 52.00 GiB/s (5.96 GiB)"),
+        "=" * 80,
+    ]
+)
 
 
 @pytest.mark.parametrize("seconds", [0.00012345, 0.0123, 1.66, 17.1, 123.456, 1234.0, 12345.0])
@@ -93,15 +95,21 @@ def test_parse_local_cupy_text_without_a_table_says_so():
 
 def test_parse_local_cupy_json_orders_runs_by_index():
     # DataFrame.to_json() (orient="columns") of create_tidy_results' frame, trimmed.
-    data = {"operation": {"0": "dot", "1": "dot", "10": "dot", "2": "dot"},
-            "wallclock": {"0": 1.7, "1": 1.6, "10": 9.0, "2": 1.5}}
+    data = {
+        "operation": {"0": "dot", "1": "dot", "10": "dot", "2": "dot"},
+        "wallclock": {"0": 1.7, "1": 1.6, "10": 9.0, "2": 1.5},
+    }
     assert peers.parse_local_cupy_json(data) == [1.7, 1.6, 1.5, 9.0]
 
 
 def test_parse_local_cupy_json_from_pandas():
     pd = pytest.importorskip("pandas")
-    frame = pd.DataFrame([{"operation": "dot", "wallclock": 1.68, "compute_shape": (40000, 40000)},
-                          {"operation": "dot", "wallclock": 1.64, "compute_shape": (40000, 40000)}])
+    frame = pd.DataFrame(
+        [
+            {"operation": "dot", "wallclock": 1.68, "compute_shape": (40000, 40000)},
+            {"operation": "dot", "wallclock": 1.64, "compute_shape": (40000, 40000)},
+        ]
+    )
     assert peers.parse_local_cupy_json(json.loads(frame.to_json())) == [1.68, 1.64]
 
 
@@ -159,7 +167,7 @@ def test_steps_run_the_agreed_commands(tmp_path, quick):
         cmd = steps[f"local-cupy-{protocol}"].cmd
         assert cmd[1:3] == ["-m", "dask_cuda.benchmarks.local_cupy"]
         i = cmd.index("-o")
-        assert cmd[i:i + 8] == ["-o", "dot", "-s", size, "-c", chunk, "-d", "0,1"]
+        assert cmd[i : i + 8] == ["-o", "dot", "-s", size, "-c", chunk, "-d", "0,1"]
         assert ("--enable-nvlink" in cmd) == ("-p" in cmd) == (protocol == "ucx")
         assert cmd[cmd.index("--output-basename") + 1] == str(steps[f"local-cupy-{protocol}"].raw.with_suffix(""))
         child = steps[f"dask-array-{protocol}"].cmd
@@ -174,20 +182,29 @@ def test_steps_run_the_agreed_commands(tmp_path, quick):
         sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
         job = load_job(ROOT / cmd[4], sets)
         assert job.workload in ("matmul", "dot")
-    big = load_job(ROOT / steps["mgpu-matmul-40k-f64"].cmd[4],
-                   [a for i, a in enumerate(steps["mgpu-matmul-40k-f64"].cmd) if steps["mgpu-matmul-40k-f64"].cmd[i - 1] == "--set"])
+    big = load_job(
+        ROOT / steps["mgpu-matmul-40k-f64"].cmd[4],
+        [
+            a
+            for i, a in enumerate(steps["mgpu-matmul-40k-f64"].cmd)
+            if steps["mgpu-matmul-40k-f64"].cmd[i - 1] == "--set"
+        ],
+    )
     assert (big.params.m, big.params.n, big.params.k, big.params.dtype) == (int(size),) * 3 + ("float64",)
 
 
 def _script_step(tmp_path, name: str, code: str, timeout: float = 60) -> peers.Step:
     raw = tmp_path / f"{name}.json"
-    return peers.Step(name, [sys.executable, "-c", code.replace("RAW", repr(str(raw)))], timeout,
-                      peers._parse_child, raw)
+    return peers.Step(
+        name, [sys.executable, "-c", code.replace("RAW", repr(str(raw)))], timeout, peers._parse_child, raw
+    )
 
 
 def test_run_step_records_figures_and_kills_a_step_that_hangs_after_its_output(tmp_path):
-    code = ("import json, time; json.dump({'figures': [{'value': 1.0}], 'done': True}, open(RAW, 'w'));"
-            "print('wrote', flush=True); time.sleep(60)")
+    code = (
+        "import json, time; json.dump({'figures': [{'value': 1.0}], 'done': True}, open(RAW, 'w'));"
+        "print('wrote', flush=True); time.sleep(60)"
+    )
     rec = peers.run_step(_script_step(tmp_path, "hangs", code), tmp_path, timeout=50, grace=1)
     assert rec["seconds"] < 20
     assert "error" not in rec and rec["figures"] == [{"value": 1.0}]
@@ -196,8 +213,7 @@ def test_run_step_records_figures_and_kills_a_step_that_hangs_after_its_output(t
 
 
 def test_run_step_times_out_and_keeps_partial_figures(tmp_path):
-    code = ("import json, time; json.dump({'figures': [{'value': 2.0}], 'done': False}, open(RAW, 'w'));"
-            "time.sleep(60)")
+    code = "import json, time; json.dump({'figures': [{'value': 2.0}], 'done': False}, open(RAW, 'w'));time.sleep(60)"
     rec = peers.run_step(_script_step(tmp_path, "slow", code), tmp_path, timeout=3, grace=1)
     assert rec["error"].startswith("timed out after 3 s") and rec["rc"] is None
     assert rec["figures"] == [{"value": 2.0}]

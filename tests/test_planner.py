@@ -200,13 +200,20 @@ def test_choose_matmul_tiles_with_room_gives_one_tile_per_worker_and_full_k():
 
 def test_choose_matmul_tiles_keeps_explicit_sizes():
     assert choose_matmul_tiles(97, 89, 101, 4, budget=1 << 30, n_workers=2, explicit={"m": 32, "n": 40, "k": 37}) == (
-        32, 40, 37)
+        32,
+        40,
+        37,
+    )
     # Larger than the matrix: clamped to it.
     assert choose_matmul_tiles(7, 13, 1, 4, budget=1 << 30, n_workers=2, explicit={"m": 100, "n": 100, "k": 100}) == (
-        7, 13, 1)
+        7,
+        13,
+        1,
+    )
     with pytest.raises(JobInputError, match="cluster.memory_limit"):
-        choose_matmul_tiles(4096, 4096, 4096, 4, budget=1 << 20, n_workers=2,
-                            explicit={"m": 4096, "n": 4096, "k": 4096})
+        choose_matmul_tiles(
+            4096, 4096, 4096, 4, budget=1 << 20, n_workers=2, explicit={"m": 4096, "n": 4096, "k": 4096}
+        )
 
 
 def test_check_tiling_keys():
@@ -220,10 +227,7 @@ def test_check_tiling_keys():
 
 
 def _devices(n: int, memory: int = 8 << 30) -> dict[str, DeviceFacts]:
-    return {
-        f"tcp://127.0.0.1:{9000 + i}": DeviceFacts("cpu", i, "cpu", memory, memory, "host")
-        for i in range(n)
-    }
+    return {f"tcp://127.0.0.1:{9000 + i}": DeviceFacts("cpu", i, "cpu", memory, memory, "host") for i in range(n)}
 
 
 def _check_static(plan: Plan, devices: dict[str, DeviceFacts]) -> None:
@@ -271,8 +275,10 @@ def test_matmul_plan_under_a_small_budget_covers_c_and_fits(m, n, k):
     assert plan.working_set <= budget
 
 
-@pytest.mark.parametrize("n,tiling", [(n, t) for n in (1, 7, 13, 97, 10_007) for t in ({}, {"n": 3})]
-                         + [(1_000_003, {}), (1_000_003, {"n": 997})])
+@pytest.mark.parametrize(
+    "n,tiling",
+    [(n, t) for n in (1, 7, 13, 97, 10_007) for t in ({}, {"n": 3})] + [(1_000_003, {}), (1_000_003, {"n": 997})],
+)
 @pytest.mark.parametrize("n_workers", [1, 2, 3, 4, 8])
 def test_dot_plan_covers_x_exactly_once(n, n_workers, tiling):
     devices = _devices(n_workers)
@@ -331,8 +337,9 @@ def test_mandelbrot_64k_bands_hold_equal_estimated_cost(n_workers):
     bands = sorted(t.bounds["rows"] for t in plan.tiles)
     _check_pieces(bands, params.height)
     cost = row_costs(params)
-    assert [t.cost for t in plan.tiles] == pytest.approx([cost[lo:hi].sum() for lo, hi in
-                                                          (t.bounds["rows"] for t in plan.tiles)])
+    assert [t.cost for t in plan.tiles] == pytest.approx(
+        [cost[lo:hi].sum() for lo, hi in (t.bounds["rows"] for t in plan.tiles)]
+    )
     equal = split_by_size(params.height, 2048)  # the bands before: 2048 rows each
     equal_cost = _piece_costs(equal, cost)
     got = np.array([t.cost for t in plan.tiles])
@@ -382,8 +389,9 @@ def test_mandelbrot_explicit_rows_or_an_output_keep_equal_bands(tmp_path):
 def test_row_costs_are_the_coarse_counts_interpolated():
     # An image within the coarse grid: every row counted, nothing interpolated.
     small = MandelbrotParams(width=100, height=60, max_iter=80)
-    x, y = mandelbrot_axes(width=100, height=60, bounds=(small.xmin, small.xmax, small.ymin, small.ymax),
-                           rows=(0, 60), dtype="float32")
+    x, y = mandelbrot_axes(
+        width=100, height=60, bounds=(small.xmin, small.xmax, small.ymin, small.ymax), rows=(0, 60), dtype="float32"
+    )
     extra = row_costs(small) - mandelbrot_counts(np, x, y, 80).mean(axis=1) * 100
     assert extra.min() == pytest.approx(extra.max()) and extra.min() >= 100  # a step a pixel or more
 
@@ -392,8 +400,9 @@ def test_row_costs_are_the_coarse_counts_interpolated():
     tall = MandelbrotParams(width=128, height=2048, max_iter=100, ymin=-1.25, ymax=1.25)
     est = row_costs(tall)
     np.testing.assert_allclose(est, est[::-1], rtol=1e-9)
-    x, y = mandelbrot_axes(width=128, height=2048, bounds=(tall.xmin, tall.xmax, tall.ymin, tall.ymax),
-                           rows=(0, 2048), dtype="float32")
+    x, y = mandelbrot_axes(
+        width=128, height=2048, bounds=(tall.xmin, tall.xmax, tall.ymin, tall.ymax), rows=(0, 2048), dtype="float32"
+    )
     truth = (mandelbrot_counts(np, x, y, 100).sum(axis=1) + extra.min() / 100 * 128).astype(np.float64)
     bands = split(2048, 16)
     np.testing.assert_allclose(_piece_costs(bands, est), _piece_costs(bands, truth), rtol=0.05)

@@ -7,10 +7,10 @@ import io
 import re
 
 import pytest
+from conftest import invoke, write_job
 from rich.console import Console
 
 import mgpu.cli
-from conftest import invoke, write_job
 from mgpu.cli import _Reporter
 from mgpu.planner import Plan, Tile
 
@@ -70,8 +70,7 @@ def test_submit_draws_no_bar_when_output_is_not_a_terminal(job, scheduler):
 
 
 @pytest.mark.parametrize("extra,bar", [((), True), (("--json", "-"), False), (("-q",), False)])
-def test_submit_on_a_terminal_draws_the_bar_unless_json_to_stdout_or_quiet(job, scheduler, monkeypatch,
-                                                                            extra, bar):
+def test_submit_on_a_terminal_draws_the_bar_unless_json_to_stdout_or_quiet(job, scheduler, monkeypatch, extra, bar):
     # The CLI's console believes it writes to a terminal, as it would in a shell.
     monkeypatch.setattr(mgpu.cli, "Console", lambda **kw: Console(force_terminal=True, width=120, **kw))
     res = invoke("submit", job, "--scheduler", scheduler, *extra)

@@ -42,8 +42,9 @@ def _element(seed: int, operand: int, i: int, j: int, total_cols: int, dtype: st
 
 
 def _block(seed, operand, rows, cols, total_cols, dtype):
-    return kernels.random_block(np, seed=seed, operand=operand, rows=rows, cols=cols,
-                                total_cols=total_cols, dtype=dtype)
+    return kernels.random_block(
+        np, seed=seed, operand=operand, rows=rows, cols=cols, total_cols=total_cols, dtype=dtype
+    )
 
 
 def _bits(a: np.ndarray) -> np.ndarray:

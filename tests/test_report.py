@@ -8,8 +8,8 @@ import json
 import statistics
 
 import pytest
-
 from conftest import invoke, submit_json, write_job
+
 from mgpu.report import summarize, with_efficiency, write_json
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -29,10 +29,28 @@ def results(tmp_path_factory, scheduler):
 
 
 def _row(devices, throughput, *, status="ok", allocator="pool", repeat=0):
-    return {"job": "j", "workload": "dot", "mode": "strong", "devices": devices, "size": "n=10",
-            "base_size": "n=10", "repeat": repeat, "status": status, "seconds": 1.0 / throughput, "wall_s": 2.0,
-            "throughput": throughput, "unit": "GB/s", "roofline_fraction": 0.5, "efficiency": None,
-            "backend": "cuda", "allocator": allocator, "protocol": "tcp", "host": "h", "gpu": "g", "source": "s"}
+    return {
+        "job": "j",
+        "workload": "dot",
+        "mode": "strong",
+        "devices": devices,
+        "size": "n=10",
+        "base_size": "n=10",
+        "repeat": repeat,
+        "status": status,
+        "seconds": 1.0 / throughput,
+        "wall_s": 2.0,
+        "throughput": throughput,
+        "unit": "GB/s",
+        "roofline_fraction": 0.5,
+        "efficiency": None,
+        "backend": "cuda",
+        "allocator": allocator,
+        "protocol": "tcp",
+        "host": "h",
+        "gpu": "g",
+        "source": "s",
+    }
 
 
 # -- the arithmetic ---------------------------------------------------------------------------
@@ -74,7 +92,8 @@ def test_report_tabulates_saved_results(results, tmp_path):
     saved = [json.loads(p.read_text()) for p in results]
     assert [r["throughput"] for r in rows] == pytest.approx([s["throughput"]["value"] for s in saved])
     assert data["summary"][0]["throughput_median"] == pytest.approx(
-        statistics.median(s["throughput"]["value"] for s in saved))
+        statistics.median(s["throughput"]["value"] for s in saved)
+    )
     assert (tmp_path / "rep" / "throughput.png").read_bytes()[:8] == PNG_SIGNATURE
     assert "report.csv" in res.stderr and (tmp_path / "rep" / "REPORT.md").read_text().count("| ") >= 2
 
@@ -106,13 +125,16 @@ def test_report_reads_scale_json_and_recomputes_efficiency(tmp_path):
     assert (tmp_path / "rep" / "efficiency.png").read_bytes()[:8] == PNG_SIGNATURE
 
 
-@pytest.mark.parametrize("content,message", [
-    (None, "does not exist"),
-    ("not json {", "is not JSON"),
-    ('{"status": "ok"}', "is not an mgpu result"),
-    ("[1, 2]", "is not an mgpu result"),
-    ('{"kind": "mgpu-scale", "rows": [{"devices": 1}]}', "lacks fields"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (None, "does not exist"),
+        ("not json {", "is not JSON"),
+        ('{"status": "ok"}', "is not an mgpu result"),
+        ("[1, 2]", "is not an mgpu result"),
+        ('{"kind": "mgpu-scale", "rows": [{"devices": 1}]}', "lacks fields"),
+    ],
+)
 def test_report_bad_input_is_one_message_and_exit_2(tmp_path, content, message):
     path = tmp_path / "bad.json"
     if content is not None:

@@ -6,7 +6,6 @@ import json
 
 import dask.config
 import pytest
-
 from conftest import submit_json, write_job
 
 JOB = {"workload": "matmul", "params": {"m": 64, "n": 48, "k": 32}}
@@ -26,7 +25,7 @@ def test_roofline_is_the_sum_of_cached_ceilings(tmp_path, scheduler, cache_dir):
     assert res.code == 0, res.output
     cache_file = cache_dir / "ceilings.json"
     cache = json.loads(cache_file.read_text())
-    (key, rates), = cache.items()  # two CPU workers of one model: one entry
+    ((key, rates),) = cache.items()  # two CPU workers of one model: one entry
     assert {"gemm_float32", "gemm_float64", "copy", "mandelbrot_float32"} <= set(rates)
     assert all(v > 0 for v in rates.values())
 
@@ -45,14 +44,16 @@ def test_roofline_is_the_sum_of_cached_ceilings(tmp_path, scheduler, cache_dir):
 def test_each_workload_is_set_against_its_own_ceiling(tmp_path, scheduler, cache_dir):
     jobs = {
         "dot": ({"workload": "dot", "params": {"n": 1000}}, "copy"),
-        "mandelbrot": ({"workload": "mandelbrot", "params": {"width": 40, "height": 30, "dtype": "float64"}},
-                       "mandelbrot_float64"),
-        "matmul-f64": ({"workload": "matmul", "params": {"m": 8, "n": 8, "k": 8, "dtype": "float64"}},
-                       "gemm_float64"),
+        "mandelbrot": (
+            {"workload": "mandelbrot", "params": {"width": 40, "height": 30, "dtype": "float64"}},
+            "mandelbrot_float64",
+        ),
+        "matmul-f64": ({"workload": "matmul", "params": {"m": 8, "n": 8, "k": 8, "dtype": "float64"}}, "gemm_float64"),
     }
     for name, (doc, ceiling) in jobs.items():
-        res, data = submit_json(write_job(tmp_path / f"{name}.yaml", doc), tmp_path / f"{name}.json",
-                                "--scheduler", scheduler)
+        res, data = submit_json(
+            write_job(tmp_path / f"{name}.yaml", doc), tmp_path / f"{name}.json", "--scheduler", scheduler
+        )
         assert res.code == 0, res.output
         (rates,) = json.loads((cache_dir / "ceilings.json").read_text()).values()
         assert data["roofline"]["limit"] == pytest.approx(2 * rates[ceiling]), name

@@ -9,8 +9,8 @@ import statistics
 from pathlib import Path
 
 import pytest
-
 from conftest import invoke, write_job
+
 from mgpu.errors import JobInputError
 from mgpu.scale import parse_counts, parse_sizes, plan_sweep, size_label
 
@@ -65,12 +65,17 @@ def test_weak_sweep_grows_the_workload_default_or_the_jobs_scale_grow(tmp_path):
     job = write_job(tmp_path / "mm.yaml", {"workload": "matmul", "params": {"m": 64, "n": 32, "k": 16}})
     runs = plan_sweep(job, [1, 2, 8], 1, weak=True)
     # matmul grows m by default: the work (m*n*k) grows with the device count.
-    assert [(r.job.params.m, r.job.params.n, r.job.params.k) for r in runs] == [(64, 32, 16), (128, 32, 16),
-                                                                                (512, 32, 16)]
+    assert [(r.job.params.m, r.job.params.n, r.job.params.k) for r in runs] == [
+        (64, 32, 16),
+        (128, 32, 16),
+        (512, 32, 16),
+    ]
     assert all(r.base_size == {"m": 64, "n": 32, "k": 16} for r in runs)
 
-    two = write_job(tmp_path / "mb.yaml", {"workload": "mandelbrot", "params": {"width": 100, "height": 50},
-                                          "scale": {"grow": ["width", "height"]}})
+    two = write_job(
+        tmp_path / "mb.yaml",
+        {"workload": "mandelbrot", "params": {"width": 100, "height": 50}, "scale": {"grow": ["width", "height"]}},
+    )
     runs = plan_sweep(two, [1, 4], 1, weak=True)
     # Two keys share the growth: each by the square root, so the pixels grow by 4.
     assert [(r.job.params.width, r.job.params.height) for r in runs] == [(100, 50), (200, 100)]
@@ -79,17 +84,43 @@ def test_weak_sweep_grows_the_workload_default_or_the_jobs_scale_grow(tmp_path):
 def test_sizes_sweep_runs_every_size_on_every_count(tmp_path):
     job = write_job(tmp_path / "dot.yaml", {"workload": "dot", "params": {"n": 10}})
     runs = plan_sweep(job, [1, 2], 2, sizes=parse_sizes("n=1e3,4e3"))
-    assert [(r.job.params.n, r.devices) for r in runs] == [(1000, 1), (1000, 1), (1000, 2), (1000, 2),
-                                                           (4000, 1), (4000, 1), (4000, 2), (4000, 2)]
+    assert [(r.job.params.n, r.devices) for r in runs] == [
+        (1000, 1),
+        (1000, 1),
+        (1000, 2),
+        (1000, 2),
+        (4000, 1),
+        (4000, 1),
+        (4000, 2),
+        (4000, 2),
+    ]
 
 
-@pytest.mark.parametrize("doc,kwargs,message", [
-    ({"workload": "dot", "params": {"n": 10}, "scale": {"grow": ["m"]}}, {}, "scale.grow: 'm' is not a size of dot; allowed: n"),
-    ({"workload": "dot", "params": {"n": 10}, "scale": {"shrink": ["n"]}}, {}, "scale.shrink: unknown key; allowed: grow"),
-    ({"workload": "dot", "params": {"n": 10}}, {"sizes": (["q"], [1])}, "--sizes: 'q' is not a size of dot; allowed: n"),
-    ({"workload": "dot", "params": {"n": 10}, "cluster": {"scheduler": "tcp://127.0.0.1:1"}}, {},
-     "cluster.scheduler: scale starts a fresh cluster"),
-])
+@pytest.mark.parametrize(
+    "doc,kwargs,message",
+    [
+        (
+            {"workload": "dot", "params": {"n": 10}, "scale": {"grow": ["m"]}},
+            {},
+            "scale.grow: 'm' is not a size of dot; allowed: n",
+        ),
+        (
+            {"workload": "dot", "params": {"n": 10}, "scale": {"shrink": ["n"]}},
+            {},
+            "scale.shrink: unknown key; allowed: grow",
+        ),
+        (
+            {"workload": "dot", "params": {"n": 10}},
+            {"sizes": (["q"], [1])},
+            "--sizes: 'q' is not a size of dot; allowed: n",
+        ),
+        (
+            {"workload": "dot", "params": {"n": 10}, "cluster": {"scheduler": "tcp://127.0.0.1:1"}},
+            {},
+            "cluster.scheduler: scale starts a fresh cluster",
+        ),
+    ],
+)
 def test_plan_sweep_rejects_bad_input_naming_the_key(tmp_path, doc, kwargs, message):
     job = write_job(tmp_path / "job.yaml", doc)
     with pytest.raises(JobInputError) as e:
@@ -101,8 +132,10 @@ def test_weak_scaling_needs_random_inputs(tmp_path):
     import numpy as np
 
     np.save(tmp_path / "x.npy", np.ones(8, np.float32))
-    job = write_job(tmp_path / "job.yaml", {"workload": "dot", "params": {"input": {"x": str(tmp_path / "x.npy"),
-                                                                                    "y": str(tmp_path / "x.npy")}}})
+    job = write_job(
+        tmp_path / "job.yaml",
+        {"workload": "dot", "params": {"input": {"x": str(tmp_path / "x.npy"), "y": str(tmp_path / "x.npy")}}},
+    )
     with pytest.raises(JobInputError, match="params.input: the input files fix the sizes"):
         plan_sweep(job, [1, 2], 1, weak=True)
 
@@ -114,12 +147,15 @@ def test_size_label_names_the_workloads_sizes():
     assert size_label("mandelbrot", {"width": 640, "height": 480, "max_iter": 9}) == "width=640 height=480"
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--devices", "0,1"], "--devices: expected device counts"),
-    (["--sizes", "n=x"], "--sizes: 'x' is not a whole number"),
-    (["--repeat", "0"], "--repeat"),
-    (["--set", "params.n=-1"], "params.n:"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--devices", "0,1"], "--devices: expected device counts"),
+        (["--sizes", "n=x"], "--sizes: 'x' is not a whole number"),
+        (["--repeat", "0"], "--repeat"),
+        (["--set", "params.n=-1"], "params.n:"),
+    ],
+)
 def test_scale_cli_rejects_bad_input_with_exit_2(tmp_path, args, message):
     job = write_job(tmp_path / "job.yaml", DOT)
     res = invoke("scale", job, "--out", tmp_path / "out", *args)
@@ -208,8 +244,14 @@ def test_sweep_refuses_to_overwrite_a_sweep_without_force(sweep_123, tmp_path):
 @pytest.mark.slow
 def test_sweep_on_4_and_8_cpu_workers(tmp_path):
     """Issue 7: the planner and the sweep work for any device count."""
-    job = write_job(tmp_path / "mm.yaml", {"workload": "matmul", "params": {"m": 512, "n": 128, "k": 64},
-                                           "cluster": {"backend": "cpu", "dashboard": None}})
+    job = write_job(
+        tmp_path / "mm.yaml",
+        {
+            "workload": "matmul",
+            "params": {"m": 512, "n": 128, "k": 64},
+            "cluster": {"backend": "cpu", "dashboard": None},
+        },
+    )
     res = invoke("scale", job, "--devices", "4,8", "--repeat", "1", "--out", tmp_path / "out", "-q")
     assert res.code == 0, res.output
     assert res.stdout == "" and res.stderr == ""  # -q

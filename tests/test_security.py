@@ -8,12 +8,12 @@ import datetime
 import ipaddress
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psutil
 import pytest
-
 from conftest import invoke, write_job
 from dask_procs import TLSFiles, start_proc_cluster
 from test_multinode import matmul_job, run_mgpu
@@ -29,8 +29,9 @@ def _name(cn: str) -> Any:
 
 
 def _write_key(path: Path, key: Any) -> None:
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
+    path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
 
 
 def make_tls_files(folder: Path, cn: str = "mgpu-test") -> TLSFiles:
@@ -38,19 +39,32 @@ def make_tls_files(folder: Path, cn: str = "mgpu-test") -> TLSFiles:
     folder.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (x509.CertificateBuilder().subject_name(_name(f"{cn} CA")).issuer_name(_name(f"{cn} CA"))
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(_name(f"{cn} CA"))
+        .issuer_name(_name(f"{cn} CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(ca.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     files = TLSFiles(folder / "ca.pem", folder / "cert.pem", folder / "key.pem")
     files.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
@@ -79,17 +93,31 @@ def test_submit_over_tls_with_the_tls_flags(tmp_path, tls_cluster):
     assert tls_cluster.address.startswith("tls://127.0.0.1:")
     tls = tls_cluster.tls
     job = matmul_job(tmp_path, 32, 32, 16, {"m": 8})
-    proc = run_mgpu(job, "--scheduler-file", tls_cluster.scheduler_file, "--tls-ca-file", tls.ca,
-                    "--tls-cert", tls.cert, "--tls-key", tls.key, "--json", tmp_path / "out.json", "-q")
+    proc = run_mgpu(
+        job,
+        "--scheduler-file",
+        tls_cluster.scheduler_file,
+        "--tls-ca-file",
+        tls.ca,
+        "--tls-cert",
+        tls.cert,
+        "--tls-key",
+        tls.key,
+        "--json",
+        tmp_path / "out.json",
+        "-q",
+    )
     _check_tls_run(proc, tmp_path / "out.json", tls_cluster)
 
 
 def test_submit_over_tls_with_dask_config(tmp_path, tls_cluster):
     tls = tls_cluster.tls
-    env = {"DASK_DISTRIBUTED__COMM__TLS__CA_FILE": str(tls.ca),
-           "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT": str(tls.cert),
-           "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY": str(tls.key),
-           "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True"}
+    env = {
+        "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": str(tls.ca),
+        "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT": str(tls.cert),
+        "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY": str(tls.key),
+        "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
+    }
     job = matmul_job(tmp_path, 32, 32, 16, {"m": 8})
     proc = run_mgpu(job, "--scheduler", tls_cluster.address, "--json", tmp_path / "out.json", "-q", env=env)
     _check_tls_run(proc, tmp_path / "out.json", tls_cluster)
@@ -107,24 +135,43 @@ def test_a_certificate_from_another_ca_is_rejected(tmp_path, tls_cluster):
     """TLS is mutual: a client whose certificates come from another CA cannot join."""
     other = make_tls_files(tmp_path / "other", cn="stranger")
     job = matmul_job(tmp_path, 8, 8, 8, {"m": 4})
-    proc = run_mgpu(job, "--scheduler", tls_cluster.address, "--tls-ca-file", other.ca, "--tls-cert", other.cert,
-                    "--tls-key", other.key, env={"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "3s"})
+    proc = run_mgpu(
+        job,
+        "--scheduler",
+        tls_cluster.address,
+        "--tls-ca-file",
+        other.ca,
+        "--tls-cert",
+        other.cert,
+        "--tls-key",
+        other.key,
+        env={"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "3s"},
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "mgpu: error: cluster.scheduler: could not connect to tls://" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "c.npy").exists()
 
 
-@pytest.mark.parametrize("flags,needles", [
-    (["--tls-cert", "{cert}", "--tls-key", "{key}"], ["--tls-ca-file:", "CA file"]),
-    (["--scheduler", "tcp://127.0.0.1:1", "--tls-ca-file", "{ca}", "--tls-cert", "{cert}", "--tls-key", "{key}"],
-     ["does not use TLS"]),
-    (["--tls-ca-file", "{ca}", "--tls-cert", "{cert}", "--tls-key", "{key}"], ["joining a running cluster"]),
-    (["--scheduler", "tls://127.0.0.1:1", "--tls-ca-file", "{ca}", "--tls-cert", "{cert}", "--tls-key", "{ca}"],
-     ["--tls-cert/--tls-key:", "not a matching certificate"]),
-    (["--scheduler", "tls://127.0.0.1:1", "--tls-ca-file", "{cert}x", "--tls-cert", "{cert}"],
-     ["--tls-ca-file:", "does not exist"]),
-])
+@pytest.mark.parametrize(
+    "flags,needles",
+    [
+        (["--tls-cert", "{cert}", "--tls-key", "{key}"], ["--tls-ca-file:", "CA file"]),
+        (
+            ["--scheduler", "tcp://127.0.0.1:1", "--tls-ca-file", "{ca}", "--tls-cert", "{cert}", "--tls-key", "{key}"],
+            ["does not use TLS"],
+        ),
+        (["--tls-ca-file", "{ca}", "--tls-cert", "{cert}", "--tls-key", "{key}"], ["joining a running cluster"]),
+        (
+            ["--scheduler", "tls://127.0.0.1:1", "--tls-ca-file", "{ca}", "--tls-cert", "{cert}", "--tls-key", "{ca}"],
+            ["--tls-cert/--tls-key:", "not a matching certificate"],
+        ),
+        (
+            ["--scheduler", "tls://127.0.0.1:1", "--tls-ca-file", "{cert}x", "--tls-cert", "{cert}"],
+            ["--tls-ca-file:", "does not exist"],
+        ),
+    ],
+)
 def test_wrong_tls_flags_are_input_errors(tmp_path, flags, needles):
     tls = make_tls_files(tmp_path / "certs")
     job = matmul_job(tmp_path, 8, 8, 8, {"m": 4})

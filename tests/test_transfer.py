@@ -12,9 +12,9 @@ from typing import Any
 import dask.config
 import numpy as np
 import pytest
+from conftest import submit_json, write_job
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from conftest import submit_json, write_job
 from mgpu import transfer
 from mgpu.device import Device, DeviceFacts
 from mgpu.results import Throughput, _roofline
@@ -26,8 +26,9 @@ def _cpu_device() -> Device:
     return Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h"))
 
 
-@pytest.mark.parametrize("rows,cols,itemsize,chunk", [(1000, 7, 4, 1024), (3, 10_000, 8, 64), (1, 1, 4, 4096),
-                                                       (17, 5, 2, 10)])
+@pytest.mark.parametrize(
+    "rows,cols,itemsize,chunk", [(1000, 7, 4, 1024), (3, 10_000, 8, 64), (1, 1, 4, 4096), (17, 5, 2, 10)]
+)
 def test_chunks_cover_every_row_once_within_the_chunk_size(rows, cols, itemsize, chunk):
     chunks = transfer.chunk_rows((rows, cols), itemsize, chunk)
     assert chunks[0][0] == 0 and chunks[-1][1] == rows
@@ -82,8 +83,9 @@ def test_host_bytes_count_inputs_once_and_naive_counts_each_tile(tmp_path):
     b = np.zeros((600, 800), np.float32)
     np.save(tmp_path / "a.npy", a)
     np.save(tmp_path / "b.npy", b)
-    params = MatmulParams(input={"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")},
-                          output=str(tmp_path / "c.npy"))
+    params = MatmulParams(
+        input={"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")}, output=str(tmp_path / "c.npy")
+    )
     wl = Matmul(params)
     # A, B read once and C written once: (1000*600 + 600*800 + 1000*800) * 4 bytes.
     assert wl.host_bytes() == 4 * (600_000 + 480_000 + 800_000)
@@ -101,8 +103,9 @@ def test_distributed_plan_with_an_output_overlaps_writes(monkeypatch, tmp_path):
 
     monkeypatch.setattr(matmul, "_WRITE_TILE_BYTES", 100 * 50 * 8)
     facts = {f"w{i}": DeviceFacts("cpu", i, "cpu", 1 << 30, 1 << 30, "h") for i in range(2)}
-    wl = Matmul(MatmulParams(m=400, n=100, k=64, dtype="float64", operands="distributed",
-                             output=str(tmp_path / "c.npy")))
+    wl = Matmul(
+        MatmulParams(m=400, n=100, k=64, dtype="float64", operands="distributed", output=str(tmp_path / "c.npy"))
+    )
     assert wl.concurrency == 3  # tiles write while another computes
     plan = wl.plan(facts, 1 << 30, {})
     # Each (A_i, B_j) block of 200 x 50 float64 is cut into row pieces of at most 100 x 50,
@@ -110,13 +113,19 @@ def test_distributed_plan_with_an_output_overlaps_writes(monkeypatch, tmp_path):
     assert len(plan.tiles) == 2 * 2 * 2 * 2
     assert all((t.size("m"), t.size("n")) == (100, 25) for t in plan.tiles)
     assert sorted((t.bounds["m"], t.bounds["n"]) for t in plan.tiles) == sorted(
-        {(t.bounds["m"], t.bounds["n"]) for t in plan.tiles})
+        {(t.bounds["m"], t.bounds["n"]) for t in plan.tiles}
+    )
     # A_i and B_j are made in those pieces, a panel each, on worker i (j): every row and column once.
     assert [(p.name, p.worker, p.bounds) for p in plan.panels] == [
-        ("a0.0", "w0", {"m": (0, 100)}), ("a0.1", "w0", {"m": (100, 200)}),
-        ("a1.0", "w1", {"m": (200, 300)}), ("a1.1", "w1", {"m": (300, 400)}),
-        ("b0.0", "w0", {"n": (0, 25)}), ("b0.1", "w0", {"n": (25, 50)}),
-        ("b1.0", "w1", {"n": (50, 75)}), ("b1.1", "w1", {"n": (75, 100)})]
+        ("a0.0", "w0", {"m": (0, 100)}),
+        ("a0.1", "w0", {"m": (100, 200)}),
+        ("a1.0", "w1", {"m": (200, 300)}),
+        ("a1.1", "w1", {"m": (300, 400)}),
+        ("b0.0", "w0", {"n": (0, 25)}),
+        ("b0.1", "w0", {"n": (25, 50)}),
+        ("b1.0", "w1", {"n": (50, 75)}),
+        ("b1.1", "w1", {"n": (75, 100)}),
+    ]
     panels = {p.name: p for p in plan.panels}
     for t in plan.tiles:
         # Each tile reads its own piece of A and of B, all of each (a_rows are the piece's rows).
@@ -125,8 +134,15 @@ def test_distributed_plan_with_an_output_overlaps_writes(monkeypatch, tmp_path):
         assert a.bounds["m"] == t.bounds["m"] == t.bounds["a_rows"] and b.bounds["n"] == t.bounds["n"]
     # Worker 0's row: its own B panel's tiles first; for each piece of B, each piece of A in turn.
     assert [t.needs for t in plan.tiles if t.worker == "w0"] == [
-        ("a0.0", "b0.0"), ("a0.1", "b0.0"), ("a0.0", "b0.1"), ("a0.1", "b0.1"),
-        ("a0.0", "b1.0"), ("a0.1", "b1.0"), ("a0.0", "b1.1"), ("a0.1", "b1.1")]
+        ("a0.0", "b0.0"),
+        ("a0.1", "b0.0"),
+        ("a0.0", "b0.1"),
+        ("a0.1", "b0.1"),
+        ("a0.0", "b1.0"),
+        ("a0.1", "b1.0"),
+        ("a0.0", "b1.1"),
+        ("a0.1", "b1.1"),
+    ]
     # Without an output each panel is whole, and one tile runs at a time.
     whole = Matmul(MatmulParams(m=400, n=100, k=64, operands="distributed"))
     assert whole.concurrency == 1
@@ -135,8 +151,9 @@ def test_distributed_plan_with_an_output_overlaps_writes(monkeypatch, tmp_path):
 
 def test_distributed_budget_counts_panels_once_and_each_running_tile(tmp_path):
     facts = {f"w{i}": DeviceFacts("cpu", i, "cpu", 1 << 30, 1 << 30, "h") for i in range(2)}
-    wl = Matmul(MatmulParams(m=2000, n=2000, k=2000, dtype="float32", operands="distributed",
-                             output=str(tmp_path / "c.npy")))
+    wl = Matmul(
+        MatmulParams(m=2000, n=2000, k=2000, dtype="float32", operands="distributed", output=str(tmp_path / "c.npy"))
+    )
     plan = wl.plan(facts, 64 << 20, {})
     panels = 4 * (1000 * 2000 + 2000 * 1000)
     assert wl.concurrency == 3 and plan.working_set > panels and plan.budget == 3 * (64 << 20)
@@ -194,9 +211,9 @@ class _Priorities(SchedulerPlugin):
 
 
 def test_distributed_matmul_from_files_to_a_file(monkeypatch, tmp_path):
+    from conftest import start_local_cluster
     from distributed import Client
 
-    from conftest import start_local_cluster
     from mgpu.workloads import matmul
 
     monkeypatch.setattr(matmul, "_WRITE_TILE_BYTES", 20 * 30 * 8)  # two row pieces per panel pair
@@ -210,8 +227,9 @@ def test_distributed_matmul_from_files_to_a_file(monkeypatch, tmp_path):
         cluster.scheduler.add_plugin(priorities)
         with Client(cluster) as client:
             client.run(_note_npy_reads)
-            res, data = submit_json(write_job(tmp_path / "job.yaml", doc), tmp_path / "r.json",
-                                    "--scheduler", cluster.scheduler_address)
+            res, data = submit_json(
+                write_job(tmp_path / "job.yaml", doc), tmp_path / "r.json", "--scheduler", cluster.scheduler_address
+            )
             reads = client.run(lambda dask_worker: dask_worker.npy_reads)
     finally:
         cluster.close()
@@ -223,7 +241,9 @@ def test_distributed_matmul_from_files_to_a_file(monkeypatch, tmp_path):
     # Each worker read its rows of A in two pieces, all of k each: every row of A once, as the
     # minimum counts it. (CPU workers count no PCIe bytes, and read B again for each tile.)
     assert sorted(sorted((rows, cols) for name, rows, cols in r if name == "a.npy") for r in reads.values()) == [
-        [((0, 15), (0, k)), ((15, 30), (0, k))], [((30, 45), (0, k)), ((45, 61), (0, k))]]
+        [((0, 15), (0, k)), ((15, 30), (0, k))],
+        [((30, 45), (0, k)), ((45, 61), (0, k))],
+    ]
     # The panels went in with minus the earliest place of a tile that reads them, in that
     # tile's worker's order (B_1.0: worker 1's first), the tiles with minus their own place:
     # each worker makes its first tile's panels first, then the next piece of A, then of B,
@@ -233,10 +253,21 @@ def test_distributed_matmul_from_files_to_a_file(monkeypatch, tmp_path):
     tiles = {int(key.split("-")[2]): p for key, p in priorities.given.items() if key.startswith("matmul-tile-")}
     assert tiles == {i: -(i % 8) for i in range(16)}  # eight a worker, each in its worker's order
     # On each worker the panels go one after another in that order, and take no tile slot.
-    after = {key.split("-")[2]: [d.split("-")[2] for d in deps] for key, deps in priorities.after.items()
-             if key.startswith("matmul-panel-")}
-    assert after == {"a0.0": [], "b0.0": ["a0.0"], "a0.1": ["b0.0"], "b0.1": ["a0.1"],
-                     "a1.0": [], "b1.0": ["a1.0"], "a1.1": ["b1.0"], "b1.1": ["a1.1"]}
+    after = {
+        key.split("-")[2]: [d.split("-")[2] for d in deps]
+        for key, deps in priorities.after.items()
+        if key.startswith("matmul-panel-")
+    }
+    assert after == {
+        "a0.0": [],
+        "b0.0": ["a0.0"],
+        "a0.1": ["b0.0"],
+        "b0.1": ["a0.1"],
+        "a1.0": [],
+        "b1.0": ["a1.0"],
+        "a1.1": ["b1.0"],
+        "b1.1": ["a1.1"],
+    }
     assert all(not priorities.resources[key] for key in priorities.resources if key.startswith("matmul-panel-"))
     # The panels' records join the workers' rows (their spans, their bytes), not their tile counts.
     assert sum(d["tiles"] for d in data["per_device"]) == data["plan"]["tiles"]
@@ -289,10 +320,14 @@ def _late_cupy(streams: dict[int, _LateStream]) -> Any:
         with streams[stream_ptr].lock:
             streams[stream_ptr].pending.append(lambda: ctypes.memmove(dst, src, nbytes))
 
-    runtime = SimpleNamespace(memcpyAsync=memcpy_async, memcpyHostToDevice=1, memcpyDeviceToHost=2,
-                              getDevice=lambda: 0)
-    cuda = SimpleNamespace(Event=_Event, runtime=runtime, alloc_pinned_memory=bytearray,
-                           get_elapsed_time=lambda a, b: 1.0, Device=lambda i: contextlib.nullcontext())
+    runtime = SimpleNamespace(memcpyAsync=memcpy_async, memcpyHostToDevice=1, memcpyDeviceToHost=2, getDevice=lambda: 0)
+    cuda = SimpleNamespace(
+        Event=_Event,
+        runtime=runtime,
+        alloc_pinned_memory=bytearray,
+        get_elapsed_time=lambda a, b: 1.0,
+        Device=lambda i: contextlib.nullcontext(),
+    )
     return SimpleNamespace(cuda=cuda)
 
 
@@ -384,11 +419,12 @@ _BLOCKS = [
 
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("shape,dtype,rows,cols,chunk,chunks", _BLOCKS)
-def test_a_file_block_loads_the_same_data_as_the_memory_map(monkeypatch, tmp_path, threads, shape, dtype,
-                                                            rows, cols, chunk, chunks):
+def test_a_file_block_loads_the_same_data_as_the_memory_map(
+    monkeypatch, tmp_path, threads, shape, dtype, rows, cols, chunk, chunks
+):
     dev, stream = _stand_in_gpu(monkeypatch, threads)
     mm = _npy(tmp_path / "a.npy", shape, dtype)
-    want = mm[rows[0]:rows[1]] if cols is None else mm[rows[0]:rows[1], cols[0]:cols[1]]
+    want = mm[rows[0] : rows[1]] if cols is None else mm[rows[0] : rows[1], cols[0] : cols[1]]
     block = _file_block(mm, rows, cols)
     assert block.shape == want.shape
     opened, closed = _count_opens(monkeypatch, tmp_path / "a.npy")
@@ -414,7 +450,7 @@ def test_short_reads_are_completed(monkeypatch, tmp_path):
 
     monkeypatch.setattr(os, "preadv", short)
     for rows, cols in (((0, 40), None), ((1, 39), (3, 17))):
-        want = mm[rows[0]:rows[1]] if cols is None else mm[rows[0]:rows[1], cols[0]:cols[1]]
+        want = mm[rows[0] : rows[1]] if cols is None else mm[rows[0] : rows[1], cols[0] : cols[1]]
         dst = np.zeros(want.shape, np.float32).view(_DeviceArray)
         calls.clear()
         transfer.Stager(dev, chunk_bytes=4 * 30 * 8).load(dst, _file_block(mm, rows, cols), stream)
@@ -529,8 +565,7 @@ def test_the_read_method_defaults_to_auto_and_a_bad_one_names_the_key(tmp_path):
 
 @pytest.mark.parametrize("method", ["pread", "mmap"])
 @pytest.mark.parametrize("layout", ["C", "fortran", "big-endian"])
-def test_npy_source_on_a_gpu_reads_by_pread_only_where_the_bytes_are_the_array(monkeypatch, tmp_path,
-                                                                              method, layout):
+def test_npy_source_on_a_gpu_reads_by_pread_only_where_the_bytes_are_the_array(monkeypatch, tmp_path, method, layout):
     import os
 
     import dask.config
@@ -556,14 +591,16 @@ def test_npy_source_on_a_gpu_reads_by_pread_only_where_the_bytes_are_the_array(m
     assert bool(reads) == (method == "pread" and layout == "C")
 
 
-@pytest.mark.parametrize("rows, cols, by_pread", [
-    ((5, 17), None, True),  # whole rows: one read per chunk
-    ((5, 17), (0, 30), True),  # every column named: still whole rows
-    ((5, 17), (3, 29), False),  # a column block: a read per row, so from the map
-    ((0, 40), (0, 15), False),
-])
-def test_auto_reads_whole_rows_by_pread_and_a_column_block_from_the_map(monkeypatch, tmp_path, rows, cols,
-                                                                         by_pread):
+@pytest.mark.parametrize(
+    "rows, cols, by_pread",
+    [
+        ((5, 17), None, True),  # whole rows: one read per chunk
+        ((5, 17), (0, 30), True),  # every column named: still whole rows
+        ((5, 17), (3, 29), False),  # a column block: a read per row, so from the map
+        ((0, 40), (0, 15), False),
+    ],
+)
+def test_auto_reads_whole_rows_by_pread_and_a_column_block_from_the_map(monkeypatch, tmp_path, rows, cols, by_pread):
     import os
 
     from mgpu.sources import inspect_npy
@@ -575,7 +612,7 @@ def test_auto_reads_whole_rows_by_pread_and_a_column_block_from_the_map(monkeypa
     reads = []
     real_preadv = os.preadv
     monkeypatch.setattr(os, "preadv", lambda *args: reads.append(args) or real_preadv(*args))
-    want = data[rows[0]:rows[1]] if cols is None else data[rows[0]:rows[1], cols[0]:cols[1]]
+    want = data[rows[0] : rows[1]] if cols is None else data[rows[0] : rows[1], cols[0] : cols[1]]
     out = np.zeros(want.shape, np.float32).view(_DeviceArray)
     src.read_into(dev, out, rows, cols)
     _run_copies(stream)
@@ -621,8 +658,10 @@ def test_only_file_jobs_on_gpus_make_the_pinned_buffers_in_their_warm_up(monkeyp
     for name in ("x", "y"):
         np.save(tmp_path / f"{name}.npy", np.ones(10, np.float32))
     _, _, files = _files(tmp_path, 6, 5, 4)
-    from_files = [Dot(DotParams(input={"x": str(tmp_path / "x.npy"), "y": str(tmp_path / "y.npy")})),
-                  Matmul(MatmulParams(input=files))]
+    from_files = [
+        Dot(DotParams(input={"x": str(tmp_path / "x.npy"), "y": str(tmp_path / "y.npy")})),
+        Matmul(MatmulParams(input=files)),
+    ]
     for wl in from_files:
         wl.warmup(_cpu_device())
         wl.warmup(gpu)
@@ -631,15 +670,17 @@ def test_only_file_jobs_on_gpus_make_the_pinned_buffers_in_their_warm_up(monkeyp
     assert len(readied) == 2  # once per file job, on the GPU
 
 
-@pytest.mark.parametrize("key,value,says", [
-    ("chunk-bytes", "lots", "mgpu.transfer.chunk-bytes: 'lots' is not a positive number of bytes"),
-    ("host-threads", 0, "mgpu.transfer.host-threads: 0 is not a positive whole number"),
-    ("host-threads", None, "mgpu.transfer.host-threads: None is not a positive whole number"),
-    ("read", "mapped", "mgpu.transfer.read: 'mapped' is not one of auto, pread, mmap"),
-])
+@pytest.mark.parametrize(
+    "key,value,says",
+    [
+        ("chunk-bytes", "lots", "mgpu.transfer.chunk-bytes: 'lots' is not a positive number of bytes"),
+        ("host-threads", 0, "mgpu.transfer.host-threads: 0 is not a positive whole number"),
+        ("host-threads", None, "mgpu.transfer.host-threads: None is not a positive whole number"),
+        ("read", "mapped", "mgpu.transfer.read: 'mapped' is not one of auto, pread, mmap"),
+    ],
+)
 def test_a_bad_transfer_setting_stops_the_submit_before_anything_starts(tmp_path, key, value, says):
     import dask.config
-
     from conftest import invoke
 
     out = tmp_path / "c.npy"

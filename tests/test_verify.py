@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from conftest import invoke, start_local_cluster, write_job
+
 from mgpu import kernels
 
 CORRUPT_TILE = 1
@@ -28,19 +28,30 @@ def faulty_scheduler() -> Any:
 
 
 JOBS = {
-    "matmul": lambda t: {"workload": "matmul",
-                         "params": {"m": 8, "n": 10, "k": 3, "output": str(t / "c.npy")},
-                         "tiling": {"m": 4, "n": 5}},
-    "matmul-k-split": lambda t: {"workload": "matmul",
-                                 "params": {"m": 37, "n": 41, "k": 43, "dtype": "float64", "output": str(t / "c.npy")},
-                                 "tiling": {"m": 10, "n": 20, "k": 11}},
-    "matmul-distributed": lambda t: {"workload": "matmul",
-                                     "params": {"m": 9, "n": 11, "k": 5, "operands": "distributed",
-                                                "output": str(t / "c.npy")}},
+    "matmul": lambda t: {
+        "workload": "matmul",
+        "params": {"m": 8, "n": 10, "k": 3, "output": str(t / "c.npy")},
+        "tiling": {"m": 4, "n": 5},
+    },
+    "matmul-k-split": lambda t: {
+        "workload": "matmul",
+        "params": {"m": 37, "n": 41, "k": 43, "dtype": "float64", "output": str(t / "c.npy")},
+        "tiling": {"m": 10, "n": 20, "k": 11},
+    },
+    "matmul-distributed": lambda t: {
+        "workload": "matmul",
+        "params": {"m": 9, "n": 11, "k": 5, "operands": "distributed", "output": str(t / "c.npy")},
+    },
     "dot": lambda t: {"workload": "dot", "params": {"n": 100_003}},
-    "mandelbrot": lambda t: {"workload": "mandelbrot",
-                             "params": {"width": 33, "height": 29, "max_iter": 40,
-                                        "output": {"npy": str(t / "m.npy"), "png": str(t / "m.png")}}},
+    "mandelbrot": lambda t: {
+        "workload": "mandelbrot",
+        "params": {
+            "width": 33,
+            "height": 29,
+            "max_iter": 40,
+            "output": {"npy": str(t / "m.npy"), "png": str(t / "m.png")},
+        },
+    },
 }
 
 
@@ -66,8 +77,9 @@ def test_the_fault_is_real_when_verification_is_off(tmp_path, faulty_scheduler):
     """With --no-verify the same corruption goes through: the check above is what caught it."""
     out = tmp_path / "c.npy"
     job = write_job(tmp_path / "job.yaml", JOBS["matmul"](tmp_path))
-    res = invoke("submit", job, "--scheduler", faulty_scheduler, "--no-verify", "-q",
-                 "--json", tmp_path / "result.json")
+    res = invoke(
+        "submit", job, "--scheduler", faulty_scheduler, "--no-verify", "-q", "--json", tmp_path / "result.json"
+    )
     assert res.code == 0, res.output
     data = json.loads((tmp_path / "result.json").read_text())
     assert data["status"] == "ok" and data["verify"]["passed"] is None

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from conftest import submit_json, write_job
+
 from mgpu import kernels
 from mgpu.device import Device, DeviceFacts
 from mgpu.workloads.mandelbrot import Mandelbrot, MandelbrotParams
@@ -33,8 +33,12 @@ def _submit(tmp_path: Path, scheduler: str, doc: dict[str, Any], *extra: Any) ->
     assert {d["id"] for d in data["per_device"]} <= {d["id"] for d in data["devices"]}
     assert len(data["devices"]) == 2
     # CPU workers measure no allocator: each row says numpy, with null figures, not zeros.
-    assert all(d["allocator"]["kind"] == "numpy" and d["allocator"]["peak_bytes"] is None
-               and d["allocator"]["total_count"] is None for d in data["per_device"])
+    assert all(
+        d["allocator"]["kind"] == "numpy"
+        and d["allocator"]["peak_bytes"] is None
+        and d["allocator"]["total_count"] is None
+        for d in data["per_device"]
+    )
     if data["plan"]["tiles"] >= 2:  # static runs split evenly; dynamic runs seed every worker
         assert sorted(d["id"] for d in data["per_device"]) == [0, 1]
         assert all(d["tiles"] >= 1 for d in data["per_device"])
@@ -52,8 +56,9 @@ def _submit(tmp_path: Path, scheduler: str, doc: dict[str, Any], *extra: Any) ->
 
 
 def _random(seed: int, operand: int, rows: int, cols: int, dtype: str) -> np.ndarray:
-    return kernels.random_block(np, seed=seed, operand=operand, rows=(0, rows), cols=(0, cols),
-                                total_cols=cols, dtype=dtype)
+    return kernels.random_block(
+        np, seed=seed, operand=operand, rows=(0, rows), cols=(0, cols), total_cols=cols, dtype=dtype
+    )
 
 
 def _assert_matmul_close(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
@@ -68,13 +73,16 @@ def _assert_matmul_close(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
 # -- matmul ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("m,n,k,dtype,tiling", [
-    (1, 1, 1, None, None),
-    (7, 13, 1, None, None),             # k = 1
-    (97, 89, 101, "float64", None),     # primes
-    (97, 89, 101, None, {"m": 32, "n": 40, "k": 37}),  # several tiles per worker, k split
-    (33, 17, 65, "float16", {"k": 16}),
-])
+@pytest.mark.parametrize(
+    "m,n,k,dtype,tiling",
+    [
+        (1, 1, 1, None, None),
+        (7, 13, 1, None, None),  # k = 1
+        (97, 89, 101, "float64", None),  # primes
+        (97, 89, 101, None, {"m": 32, "n": 40, "k": 37}),  # several tiles per worker, k split
+        (33, 17, 65, "float16", {"k": 16}),
+    ],
+)
 def test_matmul_random_matches_numpy(tmp_path, scheduler, m, n, k, dtype, tiling):
     out = tmp_path / "c.npy"
     params: dict[str, Any] = {"m": m, "n": n, "k": k, "seed": 5, "output": str(out)}
@@ -85,8 +93,17 @@ def test_matmul_random_matches_numpy(tmp_path, scheduler, m, n, k, dtype, tiling
         doc["tiling"] = tiling
     data = _submit(tmp_path, scheduler, doc)
     want_dtype = dtype or "float32"
-    assert data["job"]["params"] == {"m": m, "n": n, "k": k, "dtype": want_dtype, "precision": "default",
-                                     "seed": 5, "input": "random", "output": str(out), "operands": "per-tile"}
+    assert data["job"]["params"] == {
+        "m": m,
+        "n": n,
+        "k": k,
+        "dtype": want_dtype,
+        "precision": "default",
+        "seed": 5,
+        "input": "random",
+        "output": str(out),
+        "operands": "per-tile",
+    }
     assert data["outputs"] == [str(out)]
     assert data["value"] is None and data["throughput"]["unit"] == "TFLOP/s"
     assert data["verify"]["method"] == "freivalds"
@@ -111,10 +128,20 @@ def test_matmul_tiling_does_not_change_the_answer(tmp_path, scheduler):
     many = tmp_path / "many"
     one.mkdir()
     many.mkdir()
-    _submit(one, scheduler, {"workload": "matmul", "params": {**params, "output": str(one / "c.npy")},
-                             "tiling": {"m": 61, "n": 67, "k": 71}})
-    _submit(many, scheduler, {"workload": "matmul", "params": {**params, "output": str(many / "c.npy")},
-                              "tiling": {"m": 10, "n": 9}})
+    _submit(
+        one,
+        scheduler,
+        {
+            "workload": "matmul",
+            "params": {**params, "output": str(one / "c.npy")},
+            "tiling": {"m": 61, "n": 67, "k": 71},
+        },
+    )
+    _submit(
+        many,
+        scheduler,
+        {"workload": "matmul", "params": {**params, "output": str(many / "c.npy")}, "tiling": {"m": 10, "n": 9}},
+    )
     c1, c2 = np.load(one / "c.npy"), np.load(many / "c.npy")
     np.testing.assert_allclose(c1, c2, rtol=0, atol=1e-13 * np.abs(c1).max())
 
@@ -127,18 +154,23 @@ def test_matmul_from_npy_files(tmp_path, scheduler, dtype):
     np.save(tmp_path / "a.npy", a)
     np.save(tmp_path / "b.npy", b)
     out = tmp_path / "c.npy"
-    data = _submit(tmp_path, scheduler, {
-        "workload": "matmul",
-        "params": {"input": {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")}, "output": str(out)},
-        "tiling": {"m": 8, "k": 10},
-    })
+    data = _submit(
+        tmp_path,
+        scheduler,
+        {
+            "workload": "matmul",
+            "params": {"input": {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")}, "output": str(out)},
+            "tiling": {"m": 8, "k": 10},
+        },
+    )
     p = data["job"]["params"]
     assert (p["m"], p["n"], p["k"], p["dtype"]) == (29, 23, 31, dtype)  # sizes come from the files
     c = np.load(out)
     assert c.dtype == a.dtype and c.shape == (29, 23)
     _assert_matmul_close(c, a, b)
-    np.testing.assert_allclose(c, a @ b, rtol=1e-5 if dtype == "float32" else 1e-12,
-                               atol=1e-5 if dtype == "float32" else 1e-12)
+    np.testing.assert_allclose(
+        c, a @ b, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-5 if dtype == "float32" else 1e-12
+    )
 
 
 # -- dot ------------------------------------------------------------------------------
@@ -178,10 +210,15 @@ def test_dot_from_npy_files(tmp_path, scheduler, dtype):
     y = rng.uniform(-2, 2, n).astype(dtype)
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", y)
-    data = _submit(tmp_path, scheduler, {
-        "workload": "dot", "params": {"input": {"x": str(tmp_path / "x.npy"), "y": str(tmp_path / "y.npy")}},
-        "tiling": {"n": 7919},
-    })
+    data = _submit(
+        tmp_path,
+        scheduler,
+        {
+            "workload": "dot",
+            "params": {"input": {"x": str(tmp_path / "x.npy"), "y": str(tmp_path / "y.npy")}},
+            "tiling": {"n": 7919},
+        },
+    )
     assert data["job"]["params"]["n"] == n and data["job"]["params"]["dtype"] == dtype
     assert data["plan"]["tiles"] == math.ceil(n / 7919)
     want = float(np.dot(x.astype(np.float64), y.astype(np.float64)))
@@ -207,8 +244,7 @@ def _escape_counts(width, height, xmin, xmax, ymin, ymax, max_iter, dtype):
         if not running.any():
             break
         counts += running
-        zr, zi = (np.where(running, zr * zr - zi * zi + cr, zr),
-                  np.where(running, 2 * zr * zi + ci, zi))
+        zr, zi = (np.where(running, zr * zr - zi * zi + cr, zr), np.where(running, 2 * zr * zi + ci, zi))
     return counts
 
 
@@ -219,8 +255,13 @@ WINDOW = {"xmin": -2.2, "xmax": 0.8, "ymin": -1.1, "ymax": 1.4}  # not symmetric
 def test_mandelbrot_counts_and_png(tmp_path, scheduler, dtype):
     width, height, max_iter = 61, 47, 60
     npy, png = tmp_path / "m.npy", tmp_path / "m.png"
-    params = {"width": width, "height": height, **WINDOW, "max_iter": max_iter,
-              "output": {"npy": str(npy), "png": str(png)}}
+    params = {
+        "width": width,
+        "height": height,
+        **WINDOW,
+        "max_iter": max_iter,
+        "output": {"npy": str(npy), "png": str(png)},
+    }
     if dtype != "float32":
         params["dtype"] = dtype
     data = _submit(tmp_path, scheduler, {"workload": "mandelbrot", "params": params})
@@ -251,8 +292,11 @@ def test_mandelbrot_counts_and_png(tmp_path, scheduler, dtype):
 
 def test_mandelbrot_wide_png_is_at_most_4096_a_side(tmp_path, scheduler):
     png = tmp_path / "wide.png"
-    data = _submit(tmp_path, scheduler, {"workload": "mandelbrot", "params": {
-        "width": 5003, "height": 3, "max_iter": 20, "output": {"png": str(png)}}})
+    data = _submit(
+        tmp_path,
+        scheduler,
+        {"workload": "mandelbrot", "params": {"width": 5003, "height": 3, "max_iter": 20, "output": {"png": str(png)}}},
+    )
     assert data["outputs"] == [str(png)]
     from matplotlib.image import imread
 
@@ -264,9 +308,13 @@ def test_mandelbrot_wide_png_is_at_most_4096_a_side(tmp_path, scheduler):
 
 
 def test_mandelbrot_without_output_checks_and_reports(tmp_path, scheduler):
-    data = _submit(tmp_path, scheduler, {"workload": "mandelbrot", "params": {"width": 40, "height": 30,
-                                                                              "max_iter": 50}},
-                   "--set", "tiling.rows=7")
+    data = _submit(
+        tmp_path,
+        scheduler,
+        {"workload": "mandelbrot", "params": {"width": 40, "height": 30, "max_iter": 50}},
+        "--set",
+        "tiling.rows=7",
+    )
     assert data["job"]["tiling"] == {"rows": 7}
     assert data["plan"]["tiles"] == math.ceil(30 / 7) and data["outputs"] == []
     assert data["job"]["params"]["output"] is None
@@ -277,8 +325,11 @@ def test_mandelbrot_without_output_checks_and_reports(tmp_path, scheduler):
 def test_mandelbrot_bands_of_equal_cost_check_and_count_every_pixel(tmp_path, scheduler):
     """No output and no tiling: bands cut by estimated cost, of unequal height, all checked."""
     width, height, max_iter = 90, 160, 120
-    data = _submit(tmp_path, scheduler, {"workload": "mandelbrot", "params": {
-        "width": width, "height": height, **WINDOW, "max_iter": max_iter}})
+    data = _submit(
+        tmp_path,
+        scheduler,
+        {"workload": "mandelbrot", "params": {"width": width, "height": height, **WINDOW, "max_iter": max_iter}},
+    )
     tiles = data["plan"]["tiles"]
     equal = math.ceil(height / 16)  # the rows of the equal-row bands
     # Bands of unequal height (the tallest is taller than equal rows), none more than twice.
@@ -313,7 +364,7 @@ def test_mandelbrot_warmup_runs_a_small_band_the_way_the_job_does(monkeypatch, v
     assert (small.params.max_iter, small.params.dtype) == (50, "float64")
     assert small.verify is verify
     assert ("sample" in extra) is verify  # the sampled rows were gathered, as a checked band does
-    (x, y), = mandelbrot._AXES.values()  # the job's, not the small band's
+    ((x, y),) = mandelbrot._AXES.values()  # the job's, not the small band's
     assert x.shape == y.shape == (65536,) and x.dtype == np.float64
 
 
@@ -340,8 +391,18 @@ def test_matmul_distributed_operands(tmp_path, scheduler, cluster):
     """Panels made once per worker, tiles placed with their A panel, the same C as per-tile."""
     m, n, k = 45, 38, 29
     out = tmp_path / "c.npy"
-    doc = {"workload": "matmul", "params": {"m": m, "n": n, "k": k, "seed": 3, "dtype": "float64",
-                                           "operands": "distributed", "output": str(out)}}
+    doc = {
+        "workload": "matmul",
+        "params": {
+            "m": m,
+            "n": n,
+            "k": k,
+            "seed": 3,
+            "dtype": "float64",
+            "operands": "distributed",
+            "output": str(out),
+        },
+    }
     data = _submit(tmp_path, scheduler, doc)
     # Two workers: A in two row panels, B in two column panels made in two pieces each (C
     # goes to a file: the last tile's write is smaller), so 2 x 2 x 2 tiles, four per worker.
@@ -377,8 +438,11 @@ def test_the_runner_reports_each_panels_making_once_every_tile_has_ended(tmp_pat
             self.panels = records
 
     watch = Watch()
-    doc = {"workload": "matmul", "params": {"m": 45, "n": 38, "k": 29, "dtype": "float64", "operands": "distributed"},
-           "cluster": {"scheduler": scheduler, "dashboard": None}}
+    doc = {
+        "workload": "matmul",
+        "params": {"m": 45, "n": 38, "k": 29, "dtype": "float64", "operands": "distributed"},
+        "cluster": {"scheduler": scheduler, "dashboard": None},
+    }
     result = run_job(validate_job(doc), watch)
     assert result.status == "ok"
     # One A piece and one B panel per worker, each made on its worker before its tiles.
@@ -396,8 +460,10 @@ def test_a_peers_panel_is_opened_once_a_job_and_closed_only_when_asked(monkeypat
     from mgpu import panels
 
     calls: list[tuple[str, Any]] = []
-    runtime = SimpleNamespace(ipcOpenMemHandle=lambda h: calls.append(("open", h)) or 1000 + len(calls),
-                              ipcCloseMemHandle=lambda ptr: calls.append(("close", ptr)))
+    runtime = SimpleNamespace(
+        ipcOpenMemHandle=lambda h: calls.append(("open", h)) or 1000 + len(calls),
+        ipcCloseMemHandle=lambda ptr: calls.append(("close", ptr)),
+    )
     monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
     monkeypatch.setattr(panels, "enable_peer_access", lambda peer: None)
     monkeypatch.setattr(panels, "_OPENED", {})
@@ -419,7 +485,13 @@ def test_distributed_plan_places_tiles_with_their_panels():
     wl = Matmul(MatmulParams(m=30, n=31, k=1000, operands="distributed"))
     plan = wl.plan(facts, 1 << 30, {})
     assert [(p.name, p.worker) for p in plan.panels] == [
-        ("a0.0", "w0"), ("a1.0", "w1"), ("a2.0", "w2"), ("b0.0", "w0"), ("b1.0", "w1"), ("b2.0", "w2")]
+        ("a0.0", "w0"),
+        ("a1.0", "w1"),
+        ("a2.0", "w2"),
+        ("b0.0", "w0"),
+        ("b1.0", "w1"),
+        ("b2.0", "w2"),
+    ]
     panels = {p.name: p for p in plan.panels}
     assert len(plan.tiles) == 9
     for w in facts:
@@ -440,8 +512,9 @@ def test_panel_priorities_put_each_workers_first_tile_first(monkeypatch, tmp_pat
 
     monkeypatch.setattr(matmul, "_WRITE_TILE_BYTES", 10 * 31 * 8)  # three row pieces per panel pair
     facts = {f"w{i}": DeviceFacts("cpu", i, "cpu", 1 << 30, 1 << 30, "h") for i in range(3)}
-    wl = matmul.Matmul(matmul.MatmulParams(m=90, n=93, k=50, dtype="float64", operands="distributed",
-                                           output=str(tmp_path / "c.npy")))
+    wl = matmul.Matmul(
+        matmul.MatmulParams(m=90, n=93, k=50, dtype="float64", operands="distributed", output=str(tmp_path / "c.npy"))
+    )
     plan = wl.plan(facts, 1 << 30, {})
     priority, places = panel_priorities(plan), tile_places(plan)
     assert set(priority) == {p.name for p in plan.panels}
@@ -463,8 +536,11 @@ def test_panel_priorities_put_each_workers_first_tile_first(monkeypatch, tmp_pat
 
 
 def test_distributed_operands_that_cannot_fit_exit_2(tmp_path, scheduler):
-    doc = {"workload": "matmul", "params": {"m": 4000, "n": 4000, "k": 4000, "operands": "distributed"},
-           "cluster": {"memory_limit": "1MB", "spill": "none"}}
+    doc = {
+        "workload": "matmul",
+        "params": {"m": 4000, "n": 4000, "k": 4000, "operands": "distributed"},
+        "cluster": {"memory_limit": "1MB", "spill": "none"},
+    }
     job = write_job(tmp_path / "job.yaml", doc)
     res, _ = submit_json(job, tmp_path / "r.json", "--scheduler", scheduler)
     assert res.code == 2, res.output

@@ -99,8 +99,9 @@ class Workload(ABC):
         """Check outputs and create their temporary files (the sinks); before any task."""
 
     @abstractmethod
-    def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *,
-             spill: bool = False) -> Plan:
+    def plan(
+        self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *, spill: bool = False
+    ) -> Plan:
         """Tile the job for these workers (address -> facts) under ``budget`` bytes each.
 
         With ``spill`` a task may exceed the budget (its excess goes to managed memory);

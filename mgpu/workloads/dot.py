@@ -15,7 +15,7 @@ from ..errors import JobInputError
 from ..kernels import dot_check, dot_f64
 from ..planner import Plan, Tile, assign_contiguous, split
 from ..sizes import format_bytes
-from ..sources import input_files, NpySource, RandomSource, inspect_npy
+from ..sources import NpySource, RandomSource, input_files, inspect_npy
 from .base import TileRecord, Workload, injected_fault
 from .checks import unit_roundoff
 
@@ -35,7 +35,7 @@ class DotParams(BaseModel):
     @field_validator("input", mode="before")
     @classmethod
     def _input(cls, v: Any) -> Any:
-        return input_files(v, ('x', 'y'))
+        return input_files(v, ("x", "y"))
 
     @model_validator(mode="after")
     def _sizes(self) -> DotParams:
@@ -87,8 +87,9 @@ class Dot(Workload):
     def naive_host_bytes(self, plan: Plan) -> int | None:
         return self.host_bytes()  # each chunk is read by one tile only
 
-    def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *,
-             spill: bool = False) -> Plan:
+    def plan(
+        self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *, spill: bool = False
+    ) -> Plan:
         p = self.params
         itemsize = np.dtype(p.dtype).itemsize
         workers = list(devices)
@@ -134,8 +135,14 @@ class Dot(Workload):
                 ok = error <= unit_roundoff("float64") * (16 + np.sqrt(hi - lo))
             dev.synchronize()
         return self.new_record(
-            dev, tile, start, busy_s=t.seconds, work=float(x.nbytes + y.nbytes), value=value,
-            verify_error=error, verify_ok=ok,
+            dev,
+            tile,
+            start,
+            busy_s=t.seconds,
+            work=float(x.nbytes + y.nbytes),
+            value=value,
+            verify_error=error,
+            verify_ok=ok,
         )
 
     def ceiling(self) -> str:
@@ -150,4 +157,3 @@ class Dot(Workload):
     def reduce(self, records: list[TileRecord]) -> float:
         # In tile order, so the answer does not depend on which chunk finished first.
         return float(sum(r.value for r in sorted(records, key=lambda r: r.index)))
-

@@ -108,8 +108,9 @@ class Mandelbrot(Workload):
             if "counts" not in self.sinks:  # the image is drawn from counts kept only meanwhile
                 self.sinks["counts"] = NpySink.for_path(png[:-4] + ".npy", shape, "int32", keep=False)
 
-    def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *,
-             spill: bool = False) -> Plan:
+    def plan(
+        self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *, spill: bool = False
+    ) -> Plan:
         p = self.params
         # Bands of about 128 Mpixel, so the GPU works at least as long as the CPU check
         # beside it (~10 ms), and about 8 or more per worker so the fast ones can take more.
@@ -174,8 +175,13 @@ class Mandelbrot(Workload):
         with _AXES_LOCK:
             if key not in _AXES:
                 _AXES.clear()  # the job before's
-                x, y = mandelbrot_axes(width=p.width, height=p.height, bounds=(p.xmin, p.xmax, p.ymin, p.ymax),
-                                       rows=(0, p.height), dtype=p.dtype)
+                x, y = mandelbrot_axes(
+                    width=p.width,
+                    height=p.height,
+                    bounds=(p.xmin, p.xmax, p.ymin, p.ymax),
+                    rows=(0, p.height),
+                    dtype=p.dtype,
+                )
                 with dev.on_stream():
                     _AXES[key] = dev.to_device(x), dev.to_device(y)
                 dev.synchronize()  # other threads read them on their own streams
@@ -187,8 +193,9 @@ class Mandelbrot(Workload):
         samples = {t.index: _sample(t, p.width)[0] for t in plan.tiles}
         rows = sorted({r for rs in samples.values() for r in rs})
         cols = np.arange(0, p.width, _sample(plan.tiles[0], p.width)[1]) if plan.tiles else np.arange(0)
-        x, y = mandelbrot_axes(width=p.width, height=p.height, bounds=(p.xmin, p.xmax, p.ymin, p.ymax),
-                               rows=(0, p.height), dtype=p.dtype)
+        x, y = mandelbrot_axes(
+            width=p.width, height=p.height, bounds=(p.xmin, p.xmax, p.ymin, p.ymax), rows=(0, p.height), dtype=p.dtype
+        )
         counts = mandelbrot_counts(np, x[cols], y[rows], p.max_iter)
         where = {r: i for i, r in enumerate(rows)}
         return {index: counts[[where[r] for r in rs]] for index, rs in samples.items()}
@@ -207,8 +214,10 @@ class Mandelbrot(Workload):
         # kernels, compiled or loaded on first use, otherwise land in the first real bands,
         # and loading a kernel waits for the kernels running. Wide enough (8192 columns)
         # that its sum takes a large reduction's kernels, not only a small one's.
-        small = Mandelbrot(self.params.model_copy(update={"width": min(self.params.width, 8192), "height": 8,
-                                                          "output": None}), verify=self.verify)
+        small = Mandelbrot(
+            self.params.model_copy(update={"width": min(self.params.width, 8192), "height": 8, "output": None}),
+            verify=self.verify,
+        )
         small.run_tile(dev, Tile(-1, {"rows": (0, 8)}))
         self._axes_on(dev)
 
@@ -220,8 +229,14 @@ class Mandelbrot(Workload):
         # A hidden temporary name the client knows, so an interrupted render leaves nothing.
         partial = os.path.join(os.path.dirname(png), f".{os.path.basename(png)}.{time.time_ns()}.partial.png")
         try:
-            client.submit(render_png, sink.partial, png, self.params.max_iter, partial,
-                          key=f"mandelbrot-png-{os.getpid()}-{time.time_ns()}").result()
+            client.submit(
+                render_png,
+                sink.partial,
+                png,
+                self.params.max_iter,
+                partial,
+                key=f"mandelbrot-png-{os.getpid()}-{time.time_ns()}",
+            ).result()
         finally:
             if os.path.exists(partial):
                 os.unlink(partial)
@@ -236,8 +251,9 @@ def row_costs(p: MandelbrotParams) -> np.ndarray:
     """
     rows, cols = min(p.height, _ESTIMATE_ROWS), min(p.width, _ESTIMATE_COLS)
     steps = min(p.max_iter, _ESTIMATE_MAX_ITER)
-    x, y = mandelbrot_axes(width=cols, height=rows, bounds=(p.xmin, p.xmax, p.ymin, p.ymax),
-                           rows=(0, rows), dtype=p.dtype)
+    x, y = mandelbrot_axes(
+        width=cols, height=rows, bounds=(p.xmin, p.xmax, p.ymin, p.ymax), rows=(0, rows), dtype=p.dtype
+    )
     counts = mandelbrot_counts(np, x, y, steps)
     counts = np.where(counts >= steps, p.max_iter, counts)
     per_row = (counts.mean(axis=1) + _PIXEL_STEPS) * p.width

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Any, Iterator, Literal
+from collections.abc import Iterator
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -13,12 +14,21 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .. import transfer
 from ..device import Device, DeviceFacts
 from ..errors import JobInputError
-from ..panels import PanelRef, copy_rows, enable_all_peers, open_remote, peer_ordinal, publish, resident
-from ..planner import Panel, Plan, Tile, assign_contiguous, choose_matmul_tiles, matmul_working_set, split, split_by_size
-from ..sizes import format_bytes
-from ..sources import input_files, NpySink, NpySource, RandomSource, check_output_path, inspect_npy
-from .base import TileRecord, Workload, injected_fault
 from ..kernels import matvec_f64
+from ..panels import PanelRef, copy_rows, enable_all_peers, open_remote, peer_ordinal, publish, resident
+from ..planner import (
+    Panel,
+    Plan,
+    Tile,
+    assign_contiguous,
+    choose_matmul_tiles,
+    matmul_working_set,
+    split,
+    split_by_size,
+)
+from ..sizes import format_bytes
+from ..sources import NpySink, NpySource, RandomSource, check_output_path, input_files, inspect_npy
+from .base import TileRecord, Workload, injected_fault
 from .checks import relative_residual, unit_roundoff
 
 __all__ = ["Matmul", "MatmulParams"]
@@ -72,7 +82,7 @@ class MatmulParams(BaseModel):
     @field_validator("input", mode="before")
     @classmethod
     def _input(cls, v: Any) -> Any:
-        return input_files(v, ('a', 'b'))
+        return input_files(v, ("a", "b"))
 
     @model_validator(mode="after")
     def _sizes(self) -> MatmulParams:
@@ -178,8 +188,9 @@ class Matmul(Workload):
             path = check_output_path(p.output, key="params.output", suffix=".npy", force=force)
             self.sinks["c"] = NpySink.for_path(path, (p.m, p.n), p.dtype)
 
-    def plan(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *,
-             spill: bool = False) -> Plan:
+    def plan(
+        self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *, spill: bool = False
+    ) -> Plan:
         p = self.params
         if p.operands == "distributed":
             return self._plan_distributed(devices, budget, tiling, spill=spill)
@@ -200,8 +211,9 @@ class Matmul(Workload):
             budget=budget,
         )
 
-    def _plan_distributed(self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *,
-                          spill: bool) -> Plan:
+    def _plan_distributed(
+        self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *, spill: bool
+    ) -> Plan:
         """A_i (rows of A) and B_i (columns of B) are panels on device i; tile (i, j) runs there.
 
         Each device computes its own row of tiles, its own B panel's tiles first, so the
@@ -216,8 +228,10 @@ class Matmul(Workload):
         """
         p = self.params
         if tiling:
-            raise JobInputError("tiling: not used with params.operands: distributed (the panels are "
-                                "one row of A and one column of B per device); remove tiling")
+            raise JobInputError(
+                "tiling: not used with params.operands: distributed (the panels are "
+                "one row of A and one column of B per device); remove tiling"
+            )
         workers = list(devices)
         w = len(workers)
         rows, cols = split(p.m, w), split(p.n, w)
@@ -250,10 +264,20 @@ class Matmul(Workload):
                 j = (i + step) % w
                 for h, c in enumerate(b_pieces[j]):
                     for q, r in enumerate(a_pieces[i]):
-                        tiles.append(Tile(len(tiles), {"m": r, "n": c, "a_rows": r}, workers[i],
-                                          needs=(f"a{i}.{q}", f"b{j}.{h}")))
-        return Plan(tiles, "static", {"m": tms, "n": tns, "k": p.k}, need, budget * self.concurrency,
-                    panels=made, notes={"operands": "distributed"})
+                        tiles.append(
+                            Tile(
+                                len(tiles), {"m": r, "n": c, "a_rows": r}, workers[i], needs=(f"a{i}.{q}", f"b{j}.{h}")
+                            )
+                        )
+        return Plan(
+            tiles,
+            "static",
+            {"m": tms, "n": tns, "k": p.k},
+            need,
+            budget * self.concurrency,
+            panels=made,
+            notes={"operands": "distributed"},
+        )
 
     def make_panel(self, dev: Device, panel: Panel, token: str) -> PanelRef:
         p = self.params
@@ -310,12 +334,22 @@ class Matmul(Workload):
                 self.sinks["c"].write((slice(r0, r1), slice(c0, c1)), c, dev)
                 marks["written"] = time.time()
             dev.synchronize()
-        record = self.new_record(dev, tile, start, busy_s=busy, work=2.0 * (r1 - r0) * (c1 - c0) * p.k,
-                                 verify_error=error, verify_ok=ok, marks=marks)
+        record = self.new_record(
+            dev,
+            tile,
+            start,
+            busy_s=busy,
+            work=2.0 * (r1 - r0) * (c1 - c0) * p.k,
+            verify_error=error,
+            verify_ok=ok,
+            marks=marks,
+        )
         record.bytes_d2d, record.d2d_s = moved, moved_s
         return record
 
-    def _gemm_from_peer(self, dev: Device, a: Any, ref: PanelRef, peer: int, r: Any) -> tuple[Any, float, Any, int, float]:
+    def _gemm_from_peer(
+        self, dev: Device, a: Any, ref: PanelRef, peer: int, r: Any
+    ) -> tuple[Any, float, Any, int, float]:
         """``a @ B`` with B on a peer GPU, copied in row blocks on the copy stream.
 
         Two receive buffers: block i+1 crosses NVLink while block i is multiplied; events
@@ -403,8 +437,14 @@ class Matmul(Workload):
                 marks["written"] = time.time()
             dev.synchronize()
         return self.new_record(
-            dev, tile, start, busy_s=busy, work=2.0 * (r1 - r0) * (c1 - c0) * p.k,
-            verify_error=error, verify_ok=ok, marks=marks,
+            dev,
+            tile,
+            start,
+            busy_s=busy,
+            work=2.0 * (r1 - r0) * (c1 - c0) * p.k,
+            verify_error=error,
+            verify_ok=ok,
+            marks=marks,
         )
 
     def ceiling(self) -> str:
@@ -417,8 +457,9 @@ class Matmul(Workload):
         k = min(k, _WARMUP_K)
         while m * n * np.dtype(self.params.dtype).itemsize > _WARMUP_C_BYTES:
             m, n = max(1, m // 2), max(1, n // 2)
-        p = self.params.model_copy(update={"m": m, "n": n, "k": k, "input": "random", "output": None,
-                                           "operands": "per-tile"})
+        p = self.params.model_copy(
+            update={"m": m, "n": n, "k": k, "input": "random", "output": None, "operands": "per-tile"}
+        )
         small = Matmul(p, verify=True)
         small.run_tile(dev, Tile(-1, {"m": (0, m), "n": (0, n)}))
         if self.params.operands == "distributed" and dev.is_gpu:
