@@ -2,7 +2,7 @@
 
     python3 benchmarks/timeline.py JOB.yaml [--set key=value ...] [--json OUT.json]
 
-Runs the job through mgpu's runner (the same path as ``submit``), keeps every tile's
+Runs the job through mgpu's client side (the same path as ``submit``), keeps every tile's
 record as it arrives, and prints, per worker: the span from its first tile's start to
 its last tile's end, the device-busy time inside it, the time with no tile running at
 all (between tasks: Dask's hand-over), and the time inside tasks but off the kernel
@@ -24,7 +24,8 @@ from typing import Any
 
 import click
 
-from mgpu.runner import Events, run_job
+from mgpu.client.run import run_job
+from mgpu.client.watch import Events
 from mgpu.spec import load_job
 from mgpu.workloads.base import TileRecord
 

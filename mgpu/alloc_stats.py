@@ -2,7 +2,7 @@
 
 A worker plugin puts RMM's ``StatisticsResourceAdaptor`` on top of the worker's resource
 (dask-cuda's pool, async or managed resource, and mgpu's spill fallback where there is
-one), so every allocation CuPy makes through RMM is counted. The runner opens a window on
+one), so every allocation CuPy makes through RMM is counted. The client side opens a window on
 each worker before the warm-up (``push_counters``: fresh counters) and closes it after the
 last tile (``pop_counters``): the figures are the job's, not the worker's lifetime.
 

@@ -15,9 +15,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from . import __version__
+from .client.run import run_jobs
+from .client.watch import Events
 from .errors import JobFailed, JobInputError
 from .results import print_result
-from .runner import Events, run_jobs
 from .security import client_security
 from .signals import Interrupted, cancel_on_signals
 from .spec import load_job

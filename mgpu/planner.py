@@ -1,7 +1,7 @@
 """Job + the workers' device facts -> a Plan: which tiles, and which worker computes each.
 
 Pure Python and NumPy-free: no GPU, no cluster. The workloads call these helpers from
-their ``plan()``; the runner only follows the Plan.
+their ``plan()``; the client side only follows the Plan.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Plan:
     """The tiles of a job and how they are placed.
 
     ``placement`` is ``"static"`` when every tile names its worker (data locality), or
-    ``"dynamic"`` when the runner hands tiles to whichever worker frees up first (for
+    ``"dynamic"`` when the client side hands tiles to whichever worker frees up first (for
     tiles of uneven cost).
     """
 

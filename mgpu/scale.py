@@ -14,11 +14,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .client.run import run_job
+from .client.watch import Events
 from .cluster import resolve_cluster
 from .device import visible_gpu_count
 from .errors import JobInputError
 from .results import Result
-from .runner import Events, run_job
 from .spec import Job, load_job
 from .workloads import get_workload_class
 

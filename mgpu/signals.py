@@ -2,7 +2,7 @@
 
 SIGINT raises KeyboardInterrupt in the main thread; SIGTERM (what ``kill``, Slurm and
 container runtimes send) is made to raise it too, so that one path unwinds both: the
-runner cancels the job's tasks, the cluster mgpu started is closed, and the outputs'
+client side cancels the job's tasks, the cluster mgpu started is closed, and the outputs'
 temporary files are removed. A second signal while that runs is ignored, and a first one that
 arrives while a cluster is being closed waits until it is closed, so the cleanup itself is
 not cut short (SIGKILL still ends everything at once).

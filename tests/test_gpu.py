@@ -13,7 +13,7 @@ cupy = pytest.importorskip("cupy")
 pytest.importorskip("dask_cuda")
 
 from mgpu import kernels  # noqa: E402
-from mgpu.runner import run_job  # noqa: E402
+from mgpu.client.run import run_job  # noqa: E402
 from mgpu.spec import validate_job  # noqa: E402
 
 

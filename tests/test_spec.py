@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import gpu_count, invoke, write_job
 
-import mgpu.runner
+import mgpu.client.run
 
 
 def _matmul(tmp: Path, **params: Any) -> dict[str, Any]:
@@ -61,12 +61,12 @@ def _npy_files(tmp: Path) -> dict[str, Path]:
 
 @pytest.fixture
 def no_cluster(monkeypatch):
-    """Fail the test if the runner tries to start or join a cluster."""
+    """Fail the test if the client side tries to start or join a cluster."""
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a cluster was started for a job that should have been refused")
 
-    monkeypatch.setattr(mgpu.runner, "open_cluster", refuse)
+    monkeypatch.setattr(mgpu.client.run, "open_cluster", refuse)
 
 
 def _assert_refused(res, *needles: str) -> str:

@@ -421,8 +421,9 @@ def test_matmul_distributed_operands(tmp_path, scheduler, cluster):
         assert set(client.run(_panels_held).values()) == {0}
 
 
-def test_the_runner_reports_each_panels_making_once_every_tile_has_ended(tmp_path, scheduler):
-    from mgpu.runner import Events, run_job
+def test_the_client_reports_each_panels_making_once_every_tile_has_ended(tmp_path, scheduler):
+    from mgpu.client.run import run_job
+    from mgpu.client.watch import Events
     from mgpu.spec import validate_job
 
     class Watch(Events):
@@ -507,7 +508,7 @@ def test_distributed_plan_places_tiles_with_their_panels():
 
 
 def test_panel_priorities_put_each_workers_first_tile_first(monkeypatch, tmp_path):
-    from mgpu.runner import panel_priorities, tile_places
+    from mgpu.client.submit import panel_priorities, tile_places
     from mgpu.workloads import matmul
 
     monkeypatch.setattr(matmul, "_WRITE_TILE_BYTES", 10 * 31 * 8)  # three row pieces per panel pair

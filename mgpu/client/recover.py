@@ -20,8 +20,8 @@ from dask.utils import parse_timedelta
 from distributed import CancelledError
 from distributed import TimeoutError as DaskTimeoutError
 
-from .errors import JobFailed
-from .planner import Tile
+from ..errors import JobFailed
+from ..planner import Tile
 
 __all__ = ["TileTracker"]
 

@@ -1,0 +1,75 @@
+"""After the tiles: judge the answer, keep the outputs only if it passed, build the Result."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from .. import alloc_stats
+from ..cluster import ClusterInfo
+from ..planner import Plan
+from ..results import Recovery, Result, Startup, build_result
+from ..spec import Job
+from ..workloads.base import TileRecord, Workload
+
+__all__ = ["assemble", "reference_beside"]
+
+
+@contextlib.contextmanager
+def reference_beside(workload: Workload, plan: Plan, verify: bool) -> Iterator[Any]:
+    """The workload's reference (see Workload.reference) computing beside the run, or None.
+
+    A process, not a thread: a NumPy loop in the client would hold the GIL that the
+    client's event loop needs to feed tiles to the workers.
+    """
+    if not (verify and type(workload).reference is not Workload.reference):
+        yield None
+        return
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield pool.submit(workload.reference, plan)
+
+
+def assemble(
+    info: ClusterInfo,
+    job: Job,
+    workload: Workload,
+    plan: Plan,
+    records: list[TileRecord],
+    *,
+    t0: float,
+    ceilings: Any,
+    recovery: Recovery,
+    startup: Startup,
+    panel_records: list[TileRecord],
+) -> Result:
+    """Commit the outputs if every tile passed its check, close the job's allocator window,
+    and build the Result (the workers' statistics are fetched for it); the job's wall time
+    runs from ``t0`` (``time.perf_counter``) until the outputs are committed."""
+    passed = all(r.verify_ok for r in records) if job.verify else None
+    outputs: list[str] = []
+    sinks = list(workload.sinks.values())
+    if passed is not False:
+        outputs = workload.finish(info.client)
+        for sink in sinks:
+            sink.commit()
+        outputs = [s.path for s in sinks if s.keep] + outputs
+    allocators = alloc_stats.end_job(info.client, list(info.devices))
+    wall_s = time.perf_counter() - t0
+    return build_result(
+        job,
+        workload,
+        info,
+        plan,
+        records,
+        wall_s=wall_s,
+        outputs=outputs,
+        ceilings=ceilings,
+        allocators=allocators,
+        recovery=recovery,
+        startup=startup,
+        panel_records=panel_records,
+    )

@@ -1,0 +1,152 @@
+"""Run validated Jobs on one cluster: plan, submit, watch, recover, assemble, for each in turn.
+
+Only small records come back to the client; inputs are made or read by the workers and
+outputs written by them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .. import alloc_stats, transfer
+from ..cluster import ClusterInfo, describe_workers, open_cluster, resolve_cluster, scheduler_address
+from ..errors import JobFailed, JobInputError
+from ..results import Recovery, Result, Startup
+from ..roofline import ceilings_for
+from ..security import check_tls
+from ..spec import Job, check_one_cluster
+from ..workloads.base import TileRecord
+from .assemble import assemble, reference_beside
+from .plan import Prepared, check_outputs_distinct, prepare
+from .submit import run_plan, warm_up
+from .watch import Events
+
+__all__ = ["run_job", "run_jobs"]
+
+
+def run_jobs(jobs: Sequence[Job], events: Events | None = None, *, security: Any = None) -> list[Result]:
+    """Run ``jobs`` one after another on one cluster and return their Results.
+
+    The cluster is the one every job's ``cluster:`` section describes (they must agree);
+    it is started (or joined) once. Every job is checked before anything starts. A job
+    that fails its check ends the run: later jobs are not run, and the list is shorter.
+
+    Parameters
+    ----------
+    security
+        A ``distributed.security.Security`` for joining a scheduler over TLS.
+
+    Raises
+    ------
+    JobInputError
+        A job cannot run as written (before any worker starts, except a tile that cannot
+        fit the workers' memory, raised before any task of that job runs).
+    JobFailed
+        A task failed, or every worker was lost.
+    """
+    events = events or Events()
+    try:
+        transfer.check_config()
+    except ValueError as e:
+        raise JobInputError(str(e)) from None
+    check_one_cluster(jobs)
+    resolved = resolve_cluster(jobs[0].cluster)
+    check_tls(scheduler_address(resolved.scheduler) if resolved.scheduler else None, security)
+    prepared = [prepare(job) for job in jobs]
+    check_outputs_distinct(prepared)
+    t0 = time.perf_counter()
+    results: list[Result] = []
+    with open_cluster(resolved, security) as info:
+        cluster_s = time.perf_counter() - t0
+        events.cluster_ready(info)
+        for i, p in enumerate(prepared):
+            if i:
+                t0 = time.perf_counter()
+                # Plan for the workers there are now: one may have been lost in an earlier job.
+                info.devices = describe_workers(info.client)
+                if not info.devices:
+                    raise JobFailed(f"no workers are left to run job {p.job.name!r}")
+            events.job_started(i, p.job)
+            result = _run_prepared(info, p, events, t0, cluster_s if i == 0 else 0.0)
+            events.job_done(result)
+            results.append(result)
+            if result.status != "ok":
+                break
+        events.finished(info, results[-1])
+    return results
+
+
+def run_job(job: Job, events: Events | None = None, *, security: Any = None) -> Result:
+    """Run ``job`` to completion and return its :class:`~mgpu.results.Result`.
+
+    Input problems (JobInputError) are raised before any worker starts, except those that
+    depend on the workers' memory (a tile that cannot fit), raised before any task runs.
+
+    Raises
+    ------
+    JobInputError
+        The job cannot run as written.
+    JobFailed
+        A task failed. A failed check does not raise: the result's status says "failed".
+    """
+    return run_jobs([job], events, security=security)[0]
+
+
+def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, cluster_s: float) -> Result:
+    """Plan, run, check and commit one job on a connected cluster; outputs are kept only if it passed."""
+    job, workload = p.job, p.workload
+    sinks = list(workload.sinks.values())
+    marks = [time.perf_counter()]  # start, ceilings, plan, warm-up, first tile
+    try:
+        ceilings = ceilings_for(info.client, info.devices)
+        marks.append(time.perf_counter())
+        sharing = workload.concurrency if info.slots else 1  # tiles on one device at once
+        plan = workload.plan(info.devices, info.budget() // sharing, p.tiling, spill=info.spills)
+        marks.append(time.perf_counter())
+        events.planned(plan)
+        for sink in sinks:
+            sink.create()
+        resources = info.tile_resources(workload.concurrency)
+        alloc_stats.begin_job(info.client, list(info.devices))
+        warm_up(info.client, workload, list(info.devices), resources)
+        marks.append(time.perf_counter())
+
+        def tile_done(record: TileRecord) -> None:
+            if len(marks) == 4:
+                marks.append(time.perf_counter())
+            events.tile_done(record)
+
+        recovery = Recovery()
+        panel_records: list[TileRecord] = []
+        with reference_beside(workload, plan, job.verify) as reference:
+            records = run_plan(
+                info.client, workload, plan, tile_done, recovery, events.worker_lost, resources, panel_records
+            )
+            events.panels_made(panel_records)
+            if reference is not None:
+                workload.judge(records, reference.result())
+        steps = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+        startup = Startup(
+            cluster_s=cluster_s,
+            ceilings_s=steps[0],
+            plan_s=steps[1],
+            warmup_s=steps[2],
+            first_tile_s=steps[3] if len(steps) > 3 else None,
+        )
+        return assemble(
+            info,
+            job,
+            workload,
+            plan,
+            records,
+            t0=t0,
+            ceilings=ceilings,
+            recovery=recovery,
+            startup=startup,
+            panel_records=panel_records,
+        )
+    finally:
+        for sink in sinks:
+            sink.discard()

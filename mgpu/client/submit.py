@@ -1,0 +1,171 @@
+"""Place a plan's panels and tiles on the workers and collect the tiles' records.
+
+Placement is the plan's: static tiles go to their worker, dynamic ones to whichever worker
+has room. Only small records come back; inputs are made or read by the workers.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict, deque
+from collections.abc import Callable
+from typing import Any
+
+from ..panels import close_remotes
+from ..panels import release as release_panels
+from ..planner import Plan, Tile
+from ..results import Recovery
+from ..tasks import make_panel, run_tile, warmup
+from ..workloads.base import TileRecord, Workload
+from .recover import TileTracker
+
+__all__ = ["panel_priorities", "run_plan", "tile_places", "warm_up"]
+
+# Tiles queued on each worker under dynamic placement, beyond those running at once: two,
+# so a worker never waits for the client's round trip between short tiles.
+_DYNAMIC_AHEAD = 2
+
+
+def warm_up(client: Any, workload: Workload, workers: list[str], resources: dict[str, float] | None = None) -> None:
+    """Run each worker's warm-up once before the timed tiles (compiles kernels, makes handles)."""
+    # Loosely placed: a worker lost meanwhile must not leave its warm-up waiting forever.
+    futures = [
+        client.submit(
+            warmup,
+            workload,
+            key=f"{workload.name}-warmup-{i}-{uuid.uuid4().hex[:6]}",
+            workers=[w],
+            allow_other_workers=True,
+            pure=False,
+            resources=resources,
+        )
+        for i, w in enumerate(workers)
+    ]
+    client.gather(futures)
+
+
+def tile_places(plan: Plan) -> dict[int, int]:
+    """Each tile's place in its worker's order (for tiles placed dynamically, in the plan's)."""
+    places: dict[int, int] = {}
+    counts: dict[str | None, int] = defaultdict(int)
+    for t in plan.tiles:
+        worker = t.worker if plan.placement == "static" else None
+        places[t.index] = counts[worker]
+        counts[worker] += 1
+    return places
+
+
+def panel_priorities(plan: Plan) -> dict[str, int]:
+    """Each panel's Dask priority (higher runs first): minus the earliest place (see
+    :func:`tile_places`) of a tile that reads it, as each tile's own is minus its place.
+    A panel that another worker reads early is not put ahead of what its own worker's
+    first tiles need."""
+    places = tile_places(plan)
+    first: dict[str, int] = {}
+    for t in plan.tiles:
+        for name in t.needs:
+            first[name] = min(first.get(name, places[t.index]), places[t.index])
+    return {p.name: -first.get(p.name, len(plan.tiles)) for p in plan.panels}
+
+
+def run_plan(
+    client: Any,
+    workload: Workload,
+    plan: Plan,
+    on_done: Callable[[TileRecord], None] = lambda r: None,
+    recovery: Recovery | None = None,
+    on_lost: Callable[[str, list[int]], None] = lambda w, t: None,
+    resources: dict[str, float] | None = None,
+    panel_records: list[TileRecord] | None = None,
+) -> list[TileRecord]:
+    """Submit every tile where the plan places it and gather the records.
+
+    The plan's panels are made first, each on its worker; a tile waits for the panels it
+    reads. Static tiles go to their worker; dynamic ones are fed to whichever worker has
+    room, as many as run at once plus ``_DYNAMIC_AHEAD``, so fast workers take more.
+    ``resources`` is what each tile task asks of its worker (ClusterInfo.tile_resources).
+    Tiles of a worker that is lost
+    go to the workers that remain (see :class:`~mgpu.client.recover.TileTracker`); ``recovery``,
+    if given, receives the lost workers and the recomputed tiles; ``panel_records``, if
+    given, the records of the panels' making (their time and bytes belong to the job).
+
+    Raises
+    ------
+    JobFailed
+        If a tile's task raised, or every worker was lost; the other tiles are cancelled.
+    """
+    token = uuid.uuid4().hex[:6]
+    prefix = f"{workload.name}-tile"
+    # Loosely placed like the warm-up: a panel whose worker is lost is made again elsewhere.
+    # Dask gives tasks submitted within 100 ms one priority, and a worker runs those in the
+    # order they become ready: the priorities make it run its tiles in plan order, each as
+    # soon as its panels are there. The panels take no tile slot and go one after another on
+    # their worker (each depends on the one before), in the order the tiles read them: the
+    # next tiles' panels are read while the first tiles multiply, and each read has the
+    # worker's host threads to itself.
+    priorities, places = panel_priorities(plan), tile_places(plan)
+    panel_futures: dict[str, Any] = {}
+    last_on: dict[str, Any] = {}
+    for p in sorted(plan.panels, key=lambda p: -priorities[p.name]):
+        panel_futures[p.name] = last_on[p.worker] = client.submit(
+            make_panel,
+            workload,
+            p,
+            token,
+            last_on.get(p.worker),
+            key=f"{workload.name}-panel-{p.name}-{token}",
+            workers=[p.worker],
+            allow_other_workers=True,
+            pure=False,
+            priority=priorities[p.name],
+        )
+
+    def submit(tile: Tile, worker: str | None, attempt: int) -> Any:
+        again = f"-r{attempt}" if attempt else ""
+        needs = {name: panel_futures[name] for name in tile.needs}
+        return client.submit(
+            run_tile,
+            workload,
+            tile,
+            needs or None,
+            key=f"{prefix}-{tile.index}-{token}{again}",
+            workers=[worker] if worker else None,
+            allow_other_workers=False,
+            pure=False,
+            resources=resources,
+            priority=-places[tile.index],
+        )
+
+    records: list[TileRecord] = []
+    pending: deque[Tile] = deque()
+    tracker = TileTracker(client, submit, on_lost)
+    try:
+        if plan.placement == "static":
+            for t in plan.tiles:
+                tracker.submit(t, t.worker)
+        else:
+            pending.extend(plan.tiles)
+            workers = list(client.scheduler_info(n_workers=-1)["workers"])
+            for _ in range(workload.concurrency + _DYNAMIC_AHEAD):
+                for w in workers:
+                    if pending:
+                        tracker.submit(pending.popleft(), w)
+        for _tile, worker, record in tracker.results():
+            records.append(record)
+            on_done(record)
+            if pending:
+                tracker.submit(pending.popleft(), worker)
+        if panel_records is not None and panel_futures:
+            panel_records.extend(ref.record for ref in client.gather(list(panel_futures.values())) if ref.record)
+    finally:
+        tracker.cancel()
+        if panel_futures:
+            client.cancel(list(panel_futures.values()))
+            # Every tile has ended: each process closes the peers' panels it opened, then
+            # (once all have) the owners free theirs.
+            client.run(close_remotes, token)
+            client.run(release_panels, token)
+        if recovery is not None:
+            recovery.lost_workers = tracker.lost_workers
+            recovery.recomputed_tiles = sorted(tracker.recomputed_tiles)
+    return records
