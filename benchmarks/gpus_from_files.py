@@ -20,7 +20,7 @@ Routes (``--methods``), each by chunk size (MiB) and host threads per process:
 
 Ceilings, measured first, as many bytes each: ``dma-only`` (pinned -> device, no file),
 ``memcpy`` (the host's own copy, memory to memory) and ``copy-pread`` (file -> pinned, no
-DMA). On 2 x H200 (session 8): DMA 110 GB/s, memcpy 58-61, the read alone 44-45, pread
+DMA). On 2 x H200: DMA 110 GB/s, memcpy 58-61, the read alone 44-45, pread
 44-49, mmap 37-41, register 17-25, hybrid 27-36; ``hmm`` is not allowed there.
 """
 

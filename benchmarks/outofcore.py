@@ -344,7 +344,7 @@ def child_inputs(cfg: dict[str, Any], out: dict[str, Any], save: Callable[[], No
     out["seconds"] = time.perf_counter() - start
     out["bytes"] = itemsize * (2 * n * n + 2 * length)
     # The first read of a file just written costs the kernel more than later reads (an 8 GiB
-    # tmpfs file: 1.41 s, then 1.10 s; session 7): read them once here, so that neither mgpu
+    # tmpfs file: 1.41 s, then 1.10 s): read them once here, so that neither mgpu
     # nor cuBLASXt (whose reads are not timed at all) is the one to pay it.
     out["first_read_s"] = _read_once([p[k] for k in "abxy"])
     out["status"] = "made"

@@ -644,7 +644,7 @@ def _finished(raw: Path) -> bool:
 
 
 def run_step(step: Step, logs: Path, timeout: float, grace: float = 30.0) -> dict[str, Any]:
-    """Run one step in its own session with a timeout; parse its output or record why not.
+    """Run one step in its own process group with a timeout; parse its output or record why not.
 
     A step whose output is complete gets ``grace`` seconds to exit before it is ended,
     so a cluster that hangs on shutdown (UCX has) costs little of the run.
@@ -664,7 +664,7 @@ def run_step(step: Step, logs: Path, timeout: float, grace: float = 30.0) -> dic
     finished_at = None
     with open(log, "w") as fh:
         proc = subprocess.Popen(
-            step.cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+            step.cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, process_group=0
         )
         try:
             while True:

@@ -66,12 +66,12 @@ gpu_count() {
     nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true
 }
 
-# pid files hold the id of each process `up` started; each runs in its own session
-# (setsid), so its id is also its process group and `down` reaches its children too.
+# pid files hold the id of each process `up` started; each is started by setsid, so it
+# leads a process group of its own: its id is also its process group and `down` reaches its children too.
 pids() { cat "$DIR"/*.pid 2>/dev/null || true; }
 alive() { kill -0 -- "-$1" 2>/dev/null; }
 
-start() {  # start NAME COMMAND...: run in the background in a new session, log, record pid
+start() {  # start NAME COMMAND...: run in the background under setsid, log, record pid
     local name=$1
     shift
     setsid "$@" >"$DIR/$name.log" 2>&1 </dev/null &
@@ -121,7 +121,7 @@ cmd_up() {
     sched_pid=$(cat "$DIR/scheduler.pid")
     for _ in $(seq 150); do
         [[ -s $SCHED_FILE ]] && break
-        # The process itself: its session (and group) may not exist yet when setsid has not run.
+        # The process itself: its process group may not exist yet when setsid has not run.
         kill -0 "$sched_pid" 2>/dev/null || break
         sleep 0.2
     done

@@ -53,8 +53,8 @@ def to_host(xp: Any, arr: Any) -> np.ndarray:
 
     The wait comes first on purpose: CuPy's copy into pageable memory otherwise waits for
     the GPU inside the copy, and while it does, the CUDA calls of the process's other
-    threads wait too (benchmarks/band_probe.py: Mandelbrot bands were queued one at a time,
-    each behind the count of the one before).
+    threads wait too (on an H200, Mandelbrot bands were then queued one at a time, each
+    behind the count of the one before).
     """
     if not _is_cupy(xp):
         return np.asarray(arr)

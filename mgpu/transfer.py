@@ -2,7 +2,7 @@
 
 A copy from pageable memory (a NumPy array, an ``.npy`` memory map) reaches the GPU at a
 sixth of the PCIe rate (8.9 against 55 GB/s on an H200), and one CPU thread copies
-pageable memory at 7-11 GB/s (benchmarks/host_io.py). So a block moves in chunks, each
+pageable memory at 7-11 GB/s. So a block moves in chunks, each
 chunk by one of the worker's host threads on its own: it copies the chunk (any strides:
 a column block of a row-major file is fine) into one of its two pinned buffers and
 enqueues the DMA on the task's stream, and moves on to its next chunk while that DMA
@@ -50,7 +50,7 @@ def host_threads() -> int:
     """Host copy threads per worker (``mgpu.transfer.host-threads``; by default half the
     cores this process may use, at most 16).
 
-    On the H200 hosts measured (benchmarks/host_io.py, a fresh map of a file in the page
+    On the H200 hosts measured (a fresh map of a file in the page
     cache into pinned memory), one thread moves 7-9 GB/s, 8 move 35-46 and 16 move 45-55,
     with two processes (two workers) copying at once.
 
@@ -76,9 +76,9 @@ def read_method(contiguous: bool = True) -> str:
 
     ``mgpu.transfer.read`` picks one for every block, or ``"auto"`` (the default): pread
     for a block that is contiguous in the file (whole rows, or a range of a vector), a
-    memory map for a column block. In the out-of-core matmul on two H200 workers (session
-    7) pread moved whole rows at 22-32 GB/s and B's column panels (a read per 96 KiB row)
-    at 7-10 GB/s; copied from a map, those panels moved 13-17 GB/s.
+    memory map for a column block. In the out-of-core matmul on two H200 workers pread
+    moved whole rows at 22-32 GB/s and B's column panels (a read per 96 KiB row) at
+    7-10 GB/s; copied from a map, those panels moved 13-17 GB/s.
 
     Raises
     ------
@@ -96,7 +96,7 @@ def read_method(contiguous: bool = True) -> str:
 def chunk_size() -> int:
     """Bytes per staged chunk, one DMA (``mgpu.transfer.chunk-bytes``, by default 16 MiB).
 
-    Reading a dot's files on two H200 workers (session 8), 16, 32 and 64 MiB moved the same
+    Reading a dot's files on two H200 workers, 16, 32 and 64 MiB moved the same
     (42-45 GB/s in all); 4 MiB lost a quarter and 1 MiB four fifths (a chunk's own cost).
 
     Raises

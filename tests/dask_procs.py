@@ -1,6 +1,6 @@
 """A Dask cluster of separate processes (``dask scheduler`` + ``dask worker``), as across
-nodes, for the tests that join, kill or interrupt: each process in its own session, torn
-down by the fixture that started it."""
+nodes, for the tests that join, kill or interrupt: each process leads its own process group,
+torn down by the fixture that started it."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ from distributed import Client
 # The scheduler and worker CLIs as modules of the interpreter running the tests.
 SCHEDULER = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
 WORKER = [sys.executable, "-m", "distributed.cli.dask_worker"]
+
+# Popen keywords that start a process as the leader of a new process group (as a shell
+# starts a job), so that one killpg reaches it and every process it starts.
+OWN_GROUP: dict[str, Any] = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
 
 
 @dataclass
@@ -68,7 +72,7 @@ class ProcCluster:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.folder.glob("*.log")))
 
     def stop(self) -> None:
-        """Workers first, then the scheduler: SIGTERM to each session, SIGKILL if it stays."""
+        """Workers first, then the scheduler: SIGTERM to each process group, SIGKILL if it stays."""
         for proc in [*self.workers, self.scheduler]:
             _stop(proc)
 
@@ -85,7 +89,7 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(wait)
         except subprocess.TimeoutExpired:
             continue
-    # Anything the session left behind (a nanny's worker) goes too.
+    # Anything the group left behind (a nanny's worker) goes too.
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -100,7 +104,7 @@ def _spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subp
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
-            start_new_session=True,
+            **OWN_GROUP,
             cwd=log.parent,
         )
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from dask_procs import start_proc_cluster
+from dask_procs import OWN_GROUP, start_proc_cluster
 from test_multinode import DELAY, ROOT, matmul_job, mgpu_cmd, scheduler_task_count
 
 
@@ -37,9 +37,9 @@ def test_signal_mid_job_cancels_closes_the_cluster_and_keeps_nothing(tmp_path, s
     job = matmul_job(tmp_path, 96, 64, 24, {"m": 12, "n": 32})
     cmd = mgpu_cmd(job, "--backend", "cpu", "--devices", "2", "--no-dashboard", "--json", tmp_path / "out.json")
     env = {**os.environ, **DELAY}
-    # Its own session, as a shell gives a foreground job: Ctrl-C reaches every process in it.
+    # Its own process group, as a shell gives a foreground job: Ctrl-C reaches every process in it.
     with subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **OWN_GROUP
     ) as proc:
         _wait_for_a_written_tile(tmp_path, proc)
         started = psutil.Process(proc.pid).children(recursive=True)

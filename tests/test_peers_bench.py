@@ -235,10 +235,18 @@ def test_cli_help_and_unknown_step():
     assert res.exit_code == 2 and "nope" in res.output and "local-cupy-ucx" in res.output
 
 
-def test_mgpu_step_reads_a_real_result(tmp_path):
-    # A result mgpu wrote on nvidia-h200-x2 (kept in benchmarks/results/).
-    bench = json.loads((ROOT / "benchmarks/results/2026-11-22-nvidia-h200-x2.json").read_text())
-    result = bench["jobs"][0]["result"]
+def test_mgpu_step_reads_a_result(tmp_path):
+    # The fields of a float32 matmul result on two GPUs that the step reads, as mgpu writes them.
+    result = {
+        "status": "ok",
+        "wall_s": 3.0,
+        "compute_s": 0.68,
+        "throughput": {"value": 103.26, "unit": "TFLOP/s", "kernel": 107.16},
+        "roofline": {"limit": 102.38, "fraction": 1.0085, "basis": "2 x gemm_float32 measured on one device alone"},
+        "verify": {"passed": True, "method": "freivalds", "max_rel_error": 2e-06, "failed_tiles": []},
+        "plan": {"tiles": 16, "placement": "static"},
+        "env": {"protocol": "tcp"},
+    }
     raw = tmp_path / "mgpu.json"
     raw.write_text(json.dumps(result))
     figs = peers._parse_mgpu("matmul-float32", "mgpu matmul")(raw, tmp_path / "log")["figures"]

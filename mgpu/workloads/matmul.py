@@ -48,11 +48,11 @@ _PEER_BLOCK = 4096
 _WRITE_TILE_BYTES = 512 << 20
 # Three, not two: early in a job a tile's write (0.15-0.18 s while the panels are still
 # being read, against 0.12 s for its product on an H200) held both slots of two, and the
-# GPU waited (session 7).
+# GPU waited.
 _WRITING_TILES = 3
 # With an output file, each device's B panel is made in this many column pieces: the first
 # product waits for a piece, not the whole panel (reading a 4.8 GB column panel of B from a
-# file took 0.36 s on an H200 host, session 7), and the tiles, so the last write, are smaller.
+# file took 0.36 s on an H200 host), and the tiles, so the last write, are smaller.
 _B_PARTS = 2
 
 
