@@ -1,17 +1,20 @@
 """Shared test fixtures: a real small LocalCluster, the CLI through click's CliRunner,
-job-file writing, and the ``multi_gpu(n)`` skip helper."""
+job-file writing, the GPU test policy (one device count, the ``gpu`` and ``multi_gpu(n)``
+markers) and a bounded wait on a condition."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
+import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import yaml
@@ -19,27 +22,64 @@ from click.testing import CliRunner
 
 from mgpu.cli import cli
 
-# -- markers ------------------------------------------------------------------------
+# -- the GPU policy -------------------------------------------------------------------
+#
+# One device count decides every GPU skip: a test marked ``gpu`` is skipped without a GPU,
+# one marked ``multi_gpu(n)`` below n GPUs (both through ``pytest_runtest_setup``). A test of
+# the CPU path does not skip on a GPU machine: it hides the GPUs with the ``no_gpu`` fixture.
 
 
+@functools.cache
 def gpu_count() -> int:
     """CUDA devices visible to this process (0 without CuPy or a driver)."""
     try:
         import cupy
 
-        return cupy.cuda.runtime.getDeviceCount()
+        return int(cupy.cuda.runtime.getDeviceCount())
     except Exception:
         return 0
 
 
-def multi_gpu(n: int) -> pytest.MarkDecorator:
-    """Mark a test ``multi_gpu(n)`` and skip it on machines with fewer than ``n`` GPUs."""
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("gpu") is not None and gpu_count() == 0:
+        pytest.skip("needs a CUDA GPU")
+    for mark in item.iter_markers("multi_gpu"):
+        n = mark.args[0] if mark.args else 2
+        if gpu_count() < n:
+            pytest.skip(f"needs {n} CUDA GPUs, this machine has {gpu_count()}")
 
-    def decorate(func: Any) -> Any:
-        func = pytest.mark.multi_gpu(n)(func)
-        return pytest.mark.skipif(gpu_count() < n, reason=f"needs {n} CUDA GPUs")(func)
 
-    return decorate  # type: ignore[return-value]
+@pytest.fixture
+def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hide every GPU from mgpu, in this process and in the processes it starts."""
+    from mgpu import bench_alloc
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # mgpu's device count and child processes
+    # CuPy in this process may have counted the devices already; the bench asks CuPy.
+    monkeypatch.setattr(bench_alloc, "_gpu_count", lambda: (0, "no CUDA GPU is visible"))
+
+
+# -- waiting on a condition ------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+def wait_for(condition: Callable[[], T], timeout: float = 30, what: str = "the condition", interval: float = 0.05) -> T:
+    """Call ``condition`` until it returns something true and return that.
+
+    Raises
+    ------
+    TimeoutError
+        When ``timeout`` seconds pass first; ``what`` names what was waited for.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout} s")
+        time.sleep(interval)  # the poll's period; the wait itself ends on the condition
 
 
 # -- clusters -----------------------------------------------------------------------

@@ -8,11 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from conftest import wait_for
 from distributed import Client
 
 # The scheduler and worker CLIs as modules of the interpreter running the tests.
@@ -149,9 +149,10 @@ def start_proc_cluster(
     )
     cluster = ProcCluster(folder, scheduler, tls=tls)
     try:
-        deadline = time.monotonic() + timeout
-        while not sched_file.exists() and scheduler.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
+        try:
+            wait_for(lambda: sched_file.exists() or scheduler.poll() is not None, timeout, "the scheduler file")
+        except TimeoutError:
+            pass
         if not sched_file.exists():
             raise RuntimeError(f"the scheduler did not start:\n{cluster.logs()}")
         for i in range(n_workers):
@@ -193,9 +194,8 @@ def worker_by_name(client: Client, name: str) -> str:
 
 def wait_until_processing(client: Client, worker: str, prefix: str, timeout: float = 60) -> None:
     """Wait until ``worker`` has a task whose key starts with ``prefix`` (a tile is in flight)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(str(k).startswith(prefix) for k in client.processing([worker]).get(worker, ())):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"no {prefix} task reached {worker} within {timeout} s")
+    wait_for(
+        lambda: any(str(k).startswith(prefix) for k in client.processing([worker]).get(worker, ())),
+        timeout,
+        f"a {prefix} task on {worker}",
+    )

@@ -12,14 +12,13 @@ import types
 from pathlib import Path
 
 import pytest
-from conftest import gpu_count, invoke
+from conftest import invoke
 
 from mgpu import bench_alloc
 from mgpu.bench_alloc import ALLOCATORS, managed_limit, parse_sizes, spill_cap, summarise
 from mgpu.errors import JobInputError
 
 ROOT = Path(__file__).resolve().parents[1]
-no_gpu = pytest.mark.skipif(gpu_count() > 0, reason="this machine has a GPU")
 
 # -- stand-ins for rmm.mr and cupy.cuda.runtime -------------------------------------------
 
@@ -204,16 +203,14 @@ def test_bad_sizes_name_the_option(sizes):
 # -- without a GPU -----------------------------------------------------------------------
 
 
-@no_gpu
-def test_without_a_gpu_it_says_so_and_exits_2():
+def test_without_a_gpu_it_says_so_and_exits_2(no_gpu):
     res = invoke("bench", "alloc")
     assert res.code == 2
     assert "mgpu bench alloc needs a GPU: " in res.stderr
     assert "Traceback" not in res.output and res.stdout == ""
 
 
-@no_gpu
-def test_without_a_gpu_the_real_command_exits_2(tmp_path):
+def test_without_a_gpu_the_real_command_exits_2(tmp_path, no_gpu):
     proc = subprocess.run(
         [sys.executable, "-m", "mgpu", "bench", "alloc", "--json", str(tmp_path / "a.json")],
         cwd=ROOT,

@@ -7,29 +7,30 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
+from conftest import wait_for
 from dask_procs import OWN_GROUP, start_proc_cluster
 from test_multinode import DELAY, ROOT, matmul_job, mgpu_cmd, scheduler_task_count
 
 
 def _wait_for_a_written_tile(folder: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
     """Wait until the output's temporary file holds at least one finished tile."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def written() -> bool:
         assert proc.poll() is None, proc.communicate()
         for partial in folder.glob(".c.npy.*.partial"):
             try:
                 if np.any(np.load(partial, mmap_mode="r")):
-                    return
+                    return True
             except (OSError, ValueError, EOFError):
                 pass  # being created
-        time.sleep(0.05)
-    raise TimeoutError("no tile was written")
+        return False
+
+    wait_for(written, timeout, "a written tile")
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])

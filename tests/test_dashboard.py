@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import invoke, write_job
+from conftest import invoke, wait_for, write_job
 from dask.utils import key_split
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,9 +151,10 @@ def _browser(profile: Path) -> Any:
 # sources (the task stream's rectangles are drawn on a canvas, named in its source).
 _BOKEH_STATE = """
 if (!window.Bokeh || !Bokeh.documents || !Bokeh.documents.length) return null;
-const names = new Set(); let roots = 0;
+const names = new Set(); let roots = 0; let idle = true;
 for (const doc of Bokeh.documents) {
   roots += doc.roots().length;
+  idle = idle && doc.is_idle;  // every root's view has drawn
   for (const model of doc.all_models) {
     const data = model.data;
     if (!data) continue;
@@ -161,7 +162,7 @@ for (const doc of Bokeh.documents) {
     if (column) for (const name of column) names.add(String(name));
   }
 }
-return {roots: roots, names: Array.from(names)};
+return {roots: roots, idle: idle, names: Array.from(names)};
 """
 
 
@@ -207,16 +208,21 @@ def test_keep_open_dashboard_renders_in_chromium_with_mgpu_task_names(tmp_path):
         driver = _browser(tmp_path / "chromium-profile")
         try:
             driver.get(f"http://127.0.0.1:{port}/status")
-            state = None
-            for _ in range(120):  # the page draws, then the server streams the task stream in
-                state = driver.execute_script(_BOKEH_STATE)
-                if state and "matmul-tile" in state["names"]:
-                    break
-                time.sleep(0.25)
+            states: list[Any] = []
+
+            def drawn() -> bool:  # the page draws, then the server streams the task stream in
+                states.append(driver.execute_script(_BOKEH_STATE))
+                return bool(states[-1] and states[-1]["idle"] and "matmul-tile" in states[-1]["names"])
+
+            try:
+                wait_for(drawn, 30, "the drawn dashboard with mgpu's tasks", interval=0.25)
+            except TimeoutError:
+                pass  # the assertions say what is missing
+            state = states[-1]
             assert driver.title == "Dask: Status"
             assert state is not None and state["roots"] >= 3, state  # task stream, memory, progress, ...
+            assert state["idle"], state
             assert {"matmul-tile", "matmul-warmup"} <= set(state["names"]), state
-            time.sleep(1)  # let the plots finish drawing for the screenshot
             shot = tmp_path / "dashboard.png"
             assert driver.save_screenshot(str(shot))
             assert shot.read_bytes()[:8] == PNG_SIGNATURE and shot.stat().st_size > 10_000

@@ -12,24 +12,11 @@ pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
 pytest.importorskip("dask_cuda")
 
+from conftest import gpu_count  # noqa: E402
+
 from mgpu import kernels  # noqa: E402
 from mgpu.client.run import run_job  # noqa: E402
 from mgpu.spec import validate_job  # noqa: E402
-
-
-def _gpu_count() -> int:
-    try:
-        return cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError:
-        return 0
-
-
-if _gpu_count() == 0:
-    pytest.skip("no CUDA GPU visible", allow_module_level=True)
-
-
-def multi_gpu(n: int):
-    return pytest.mark.skipif(_gpu_count() < n, reason=f"needs {n} GPUs")
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -130,7 +117,7 @@ def test_matmul_on_cuda_cluster_matches_cpu_backend(tmp_path, allocator):
     )
     assert gpu.status == "ok" and gpu.backend == "cuda" and gpu.verify.passed
     assert gpu.env["allocator"] == allocator
-    assert sorted(d.id for d in gpu.per_device) == list(range(_gpu_count()))
+    assert sorted(d.id for d in gpu.per_device) == list(range(gpu_count()))
     a = kernels.random_block(np, seed=3, operand=0, rows=(0, 1031), cols=(0, 263), total_cols=263, dtype="float32")
     b = kernels.random_block(np, seed=3, operand=1, rows=(0, 263), cols=(0, 517), total_cols=517, dtype="float32")
     ref = a.astype(np.float64) @ b.astype(np.float64)
@@ -194,14 +181,14 @@ def test_mandelbrot_on_cuda_cluster_equals_cpu_backend(tmp_path):
     assert gpu.value is None and gpu.throughput.unit == "Giter/s"
 
 
-@multi_gpu(2)
+@pytest.mark.multi_gpu(2)
 def test_tiles_spread_over_both_gpus():
     result = run_job(validate_job(_job("matmul", {"m": 4096, "n": 4096, "k": 1024}, devices=[0, 1])))
     assert sorted(d.id for d in result.per_device) == [0, 1]
     assert all(d.tiles >= 1 and d.busy_s > 0 for d in result.per_device)
 
 
-@multi_gpu(2)
+@pytest.mark.multi_gpu(2)
 @pytest.mark.parametrize("allocator", ["pool", "async"])
 def test_distributed_operands_move_between_gpus_over_nvlink(tmp_path, allocator):
     m, n, k = 3000, 2050, 9000  # k spans several peer blocks
@@ -220,7 +207,7 @@ def test_distributed_operands_move_between_gpus_over_nvlink(tmp_path, allocator)
     assert np.abs(np.load(out) - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
-@multi_gpu(2)
+@pytest.mark.multi_gpu(2)
 def test_a_corrupted_peer_tile_is_caught(monkeypatch):
     monkeypatch.setenv("DASK_MGPU__TESTING__CORRUPT_TILE", "1")  # tile 1: GPU 0's peer-fed tile
     params = {"m": 2048, "n": 2048, "k": 5000, "operands": "distributed"}
@@ -497,7 +484,7 @@ def test_staged_copies_round_trip_strided_blocks_through_a_small_ring():
     assert seconds["h2d"] > 0 and seconds["d2h"] > 0
 
 
-@multi_gpu(2)
+@pytest.mark.multi_gpu(2)
 def test_distributed_matmul_from_files_writes_the_product_and_counts_pcie(tmp_path):
     m, k, n = 3000, 2500, 2100
     rng = np.random.default_rng(5)

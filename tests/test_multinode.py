@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import numpy as np
 import psutil
 import pytest
-from conftest import write_job
+from conftest import wait_for, write_job
 from dask_procs import start_proc_cluster, wait_until_processing, worker_by_name
 
 from mgpu import kernels
@@ -54,12 +53,17 @@ def reference(m: int, n: int, k: int, seed: int = 0) -> np.ndarray:
 
 def scheduler_task_count(client: Any, timeout: float = 30) -> int:
     """Tasks the scheduler still holds, once the client that submitted them has gone."""
-    deadline = time.monotonic() + timeout
-    while True:
-        count = client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
-        if count == 0 or time.monotonic() > deadline:
-            return count
-        time.sleep(0.1)
+    counts: list[int] = []
+
+    def drained() -> bool:
+        counts.append(client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)))
+        return counts[-1] == 0
+
+    try:
+        wait_for(drained, timeout, "the scheduler forgetting the tasks")
+    except TimeoutError:
+        pass  # the caller's assertion shows the count
+    return counts[-1]
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import gpu_count
 
 from mgpu.spec import load_job
 
@@ -33,15 +34,6 @@ def _load(name: str):
 oc = _load("outofcore")
 xt = _load("cublasxt")
 routes = _load("gpus_from_files")
-
-
-def _gpu_count() -> int:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount()
-    except Exception:
-        return 0
 
 
 # -- the arithmetic ------------------------------------------------------------------------
@@ -303,13 +295,12 @@ def test_cublasxt_imports_without_loading_and_checks_operands():
     assert xt._lib.cache_info().currsize == 0  # nothing opened at import
     err = xt.CublasXtError("cublasXtSgemm", 7)
     assert err.status == 7 and "CUBLAS_STATUS_INVALID_VALUE" in str(err)
-    if _gpu_count() == 0 and __import__("ctypes.util").util.find_library("cublas") is None:
+    if gpu_count() == 0 and __import__("ctypes.util").util.find_library("cublas") is None:
         with pytest.raises(OSError, match="libcublas not found"):
             xt.xt_gemm(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32), devices=(0,))
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_gpu_count() == 0, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype,tol", [(np.float32, 1e-5), (np.float64, 1e-12)])
 def test_xt_gemm_on_one_gpu(dtype, tol):
     rng = np.random.default_rng(1)
@@ -349,8 +340,7 @@ def _run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.skipif(_gpu_count() > 0, reason="the CPU run; on GPUs the benchmark runs cuBLASXt")
-def test_quick_run_on_cpu_workers(tmp_path):
+def test_quick_run_on_cpu_workers(tmp_path, no_gpu):
     out, scratch = tmp_path / "out", tmp_path / "scratch"
     res = _run(
         [

@@ -202,8 +202,8 @@ def _script_step(tmp_path, name: str, code: str, timeout: float = 60) -> peers.S
 
 def test_run_step_records_figures_and_kills_a_step_that_hangs_after_its_output(tmp_path):
     code = (
-        "import json, time; json.dump({'figures': [{'value': 1.0}], 'done': True}, open(RAW, 'w'));"
-        "print('wrote', flush=True); time.sleep(60)"
+        "import json, signal; json.dump({'figures': [{'value': 1.0}], 'done': True}, open(RAW, 'w'));"
+        "print('wrote', flush=True); signal.pause()"
     )
     rec = peers.run_step(_script_step(tmp_path, "hangs", code), tmp_path, timeout=50, grace=1)
     assert rec["seconds"] < 20
@@ -213,7 +213,7 @@ def test_run_step_records_figures_and_kills_a_step_that_hangs_after_its_output(t
 
 
 def test_run_step_times_out_and_keeps_partial_figures(tmp_path):
-    code = "import json, time; json.dump({'figures': [{'value': 2.0}], 'done': False}, open(RAW, 'w'));time.sleep(60)"
+    code = "import json, signal; json.dump({'figures': [{'value': 2.0}], 'done': False}, open(RAW, 'w'));signal.pause()"
     rec = peers.run_step(_script_step(tmp_path, "slow", code), tmp_path, timeout=3, grace=1)
     assert rec["error"].startswith("timed out after 3 s") and rec["rc"] is None
     assert rec["figures"] == [{"value": 2.0}]

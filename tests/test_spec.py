@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import gpu_count, invoke, write_job
+from conftest import invoke, write_job
 
 import mgpu.client.run
 
@@ -343,8 +343,7 @@ def test_missing_job_file(tmp_path, no_cluster):
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.skipif(gpu_count() > 0, reason="this machine has a GPU")
-def test_cuda_without_a_gpu_names_cluster_backend(tmp_path, no_cluster):
+def test_cuda_without_a_gpu_names_cluster_backend(tmp_path, no_cluster, no_gpu):
     job = write_job(tmp_path / "job.yaml", _matmul(tmp_path))
     res = invoke("submit", job, "--backend", "cuda")
     _assert_refused(res, "cluster.backend:", "cuda", "no GPU", "backend: cpu or auto")

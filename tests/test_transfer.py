@@ -623,18 +623,19 @@ def test_auto_reads_whole_rows_by_pread_and_a_column_block_from_the_map(monkeypa
 def test_a_failed_load_raises_only_once_no_chunk_reads_any_more(monkeypatch, tmp_path):
     # A chunk failing must not close the file under the chunks still reading it.
     import os
-    import time
 
     dev, stream = _stand_in_gpu(monkeypatch, 3)
     mm = _npy(tmp_path / "a.npy", (40, 30), "float32")
     opened, closed = _count_opens(monkeypatch, tmp_path / "a.npy")
     real_preadv = os.preadv
     late = []
+    failed = threading.Event()
 
     def preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
         if offset == mm.offset:
+            failed.set()
             raise OSError("bad sector")  # the first chunk's read fails at once
-        time.sleep(0.02)
+        assert failed.wait(30)  # the other chunks read after the failure, while the load unwinds
         if closed:
             late.append(offset)
         return real_preadv(fd, buffers, offset)
@@ -643,7 +644,11 @@ def test_a_failed_load_raises_only_once_no_chunk_reads_any_more(monkeypatch, tmp
     dst = np.zeros((40, 30), np.float32).view(_DeviceArray)
     with pytest.raises(OSError, match="bad sector"):
         transfer.Stager(dev, chunk_bytes=4 * 30 * 4).load(dst, _file_block(mm, (0, 40)), stream)
-    time.sleep(0.1)
+    # Every host thread at a barrier at once: each chunk the load left behind has run.
+    threads = 3
+    barrier = threading.Barrier(threads)
+    for f in [transfer._pool().submit(barrier.wait, 30) for _ in range(threads)]:
+        f.result()
     assert closed == opened and not late
 
 
