@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from peers import _event_median  # noqa: E402  (benchmarks/ is the script's own folder)
 
 from mgpu import kernels  # noqa: E402
+from mgpu.workloads.mandelbrot import mandelbrot_axes, mandelbrot_counts  # noqa: E402
 
 
 def _median_seconds(fn, warmup: int = 2, repeat: int = 5) -> tuple[float, list[float]]:
@@ -73,13 +74,11 @@ def ceilings(quick: bool) -> dict:
     del x, y, src
     side = 4096 if quick else 16384
     for dtype in ("float32", "float64"):
-        xs, ys = kernels.mandelbrot_axes(
-            width=side, height=side, bounds=(-2.5, 1.0, -1.25, 1.25), rows=(0, side), dtype=dtype
-        )
+        xs, ys = mandelbrot_axes(width=side, height=side, bounds=(-2.5, 1.0, -1.25, 1.25), rows=(0, side), dtype=dtype)
         xd, yd = cupy.asarray(xs), cupy.asarray(ys)
-        counts = kernels.mandelbrot_counts(cupy, xd, yd, 1000)
+        counts = mandelbrot_counts(cupy, xd, yd, 1000)
         iters = float(counts.sum(dtype=np.int64))
-        t, _ = _median_seconds(lambda: kernels.mandelbrot_counts(cupy, xd, yd, 1000), repeat=3)
+        t, _ = _median_seconds(lambda: mandelbrot_counts(cupy, xd, yd, 1000), repeat=3)
         out[f"mandelbrot_{dtype}_giters"] = iters / t / 1e9
     cupy.get_default_memory_pool().free_all_blocks()
     return out

@@ -263,10 +263,11 @@ def _write_json(results: list[Any], json_path: str | None, *, several: bool) -> 
 
 @cli.command(context_settings=_CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="print the facts as JSON")
-@click.option("--calibrate", is_flag=True, help="measure each device's ceilings (GEMM, copy, Mandelbrot) anew")
+@click.option("--calibrate", is_flag=True, help="measure each device's ceilings (copies, and each workload's own) anew")
 def info(as_json: bool, calibrate: bool) -> None:
     """List the GPUs, their links, versions, allocators and transports."""
     from .info import machine_info
+    from .roofline import ceiling_units
 
     facts = machine_info()
     if calibrate:
@@ -291,21 +292,12 @@ def info(as_json: bool, calibrate: bool) -> None:
         console.print(f"peer access: {pairs}")
     console.print("versions: " + ", ".join(f"{k} {v}" for k, v in facts["versions"].items()))
     console.print(f"allocators: {', '.join(facts['allocators'])}; UCX: {'yes' if facts['ucx'] else 'no'}")
+    units = ceiling_units() if facts.get("ceilings") else {}
     for dev, rates in facts.get("ceilings", {}).items():
         console.print(
             f"ceilings of {dev}: "
-            + ", ".join(f"{k} {v:.4g} {_CEILING_UNITS[k.split('_')[0]]}" for k, v in sorted(rates.items()))
+            + ", ".join(f"{k} {v:.4g} {units.get(k, '')}".rstrip() for k, v in sorted(rates.items()))
         )
-
-
-_CEILING_UNITS = {
-    "gemm": "TFLOP/s",
-    "copy": "GB/s",
-    "mandelbrot": "Giter/s",
-    "h2d": "GB/s",
-    "d2h": "GB/s",
-    "peer": "GB/s",
-}
 
 
 def _calibrate() -> dict[str, dict[str, float]]:

@@ -16,9 +16,8 @@ import numpy as np
 __all__ = [
     "dot_check",
     "dot_f64",
+    "is_cupy",
     "matvec_f64",
-    "mandelbrot_axes",
-    "mandelbrot_counts",
     "random_block",
     "stream_key",
     "to_host",
@@ -44,7 +43,8 @@ def stream_key(seed: int, operand: int) -> int:
     return _mix64((seed * _GAMMA + operand + 1) & _M64)
 
 
-def _is_cupy(xp: Any) -> bool:
+def is_cupy(xp: Any) -> bool:
+    """Whether ``xp`` is CuPy (else it is NumPy)."""
     return xp.__name__ == "cupy"
 
 
@@ -56,7 +56,7 @@ def to_host(xp: Any, arr: Any) -> np.ndarray:
     threads wait too (on an H200, Mandelbrot bands were then queued one at a time, each
     behind the count of the one before).
     """
-    if not _is_cupy(xp):
+    if not is_cupy(xp):
         return np.asarray(arr)
     xp.cuda.get_current_stream().synchronize()
     return arr.get()
@@ -84,7 +84,7 @@ def random_block(
     (r0, r1), (c0, c1) = rows, cols
     h, w = r1 - r0, c1 - c0
     scale = 2.0 ** (1 - bits)
-    if _is_cupy(xp):
+    if is_cupy(xp):
         out = xp.empty((h, w), dtype=dtype)
         if out.size:
             _cupy_random_kernel()(
@@ -148,7 +148,7 @@ def dot_f64(xp: Any, x: Any, y: Any) -> float:
     On the GPU a fused kernel reads each input once (cupy.dot would accumulate in the
     input dtype; casting first would write two float64 copies).
     """
-    if _is_cupy(xp):
+    if is_cupy(xp):
         return _cupy_dot(x, y)
     # np.dot on float64 views is BLAS-fast; do it in slices to bound the float64 copies.
     total = 0.0
@@ -302,7 +302,7 @@ def dot_check(xp: Any, x: Any, y: Any) -> tuple[float, float]:
     Used to check a dot: the two sums group the products differently, so a wrong kernel
     or a lost chunk shows, while rounding stays within ``sqrt(n)`` units of the scale.
     """
-    if _is_cupy(xp):
+    if is_cupy(xp):
         import cupy
 
         n = x.shape[0]
@@ -329,7 +329,7 @@ def matvec_f64(xp: Any, m: Any, v: Any) -> Any:
     On the GPU one kernel reads ``m`` once; on the CPU ``m`` is cast in row pieces so the
     float64 copy stays small.
     """
-    if _is_cupy(xp):
+    if is_cupy(xp):
         import cupy
 
         m = cupy.ascontiguousarray(m)
@@ -350,94 +350,3 @@ def matvec_f64(xp: Any, m: Any, v: Any) -> Any:
     for i in range(0, m.shape[0], piece):
         out[i : i + piece] = m[i : i + piece].astype(np.float64) @ v
     return out
-
-
-def mandelbrot_axes(
-    *, width: int, height: int, bounds: tuple[float, float, float, float], rows: tuple[int, int], dtype: Any
-) -> tuple[np.ndarray, np.ndarray]:
-    """The sample points of rows ``rows``: x of every column and y of each row, in ``dtype``.
-
-    Computed in float64 on the host and rounded once, so both backends iterate from the
-    same c.
-    """
-    xmin, xmax, ymin, ymax = bounds
-    j = np.arange(width, dtype=np.float64)
-    i = np.arange(rows[0], rows[1], dtype=np.float64)
-    x = xmin + (j + 0.5) * ((xmax - xmin) / width)
-    y = ymax - (i + 0.5) * ((ymax - ymin) / height)
-    return x.astype(dtype), y.astype(dtype)
-
-
-def mandelbrot_counts(xp: Any, x: Any, y: Any, max_iter: int) -> Any:
-    """Escape counts for the grid ``y`` (rows) x ``x`` (columns), as int32.
-
-    The count is the number of steps z <- z*z + c from z = 0 taken before |z|^2 > 4, at
-    most ``max_iter``. Both branches do the same IEEE operations in the same order (the
-    GPU kernel is compiled without FMA contraction), so counts agree exactly.
-    """
-    if _is_cupy(xp):
-        x = xp.asarray(x)[None, :]
-        y = xp.asarray(y)[:, None]
-        out = xp.empty((y.shape[0], x.shape[1]), dtype=np.int32)
-        _cupy_mandelbrot_kernel()(x, y, np.int32(max_iter), out)
-        return out
-    return _numpy_mandelbrot(np.asarray(x), np.asarray(y), max_iter)
-
-
-@functools.cache
-def _cupy_mandelbrot_kernel() -> Any:
-    import cupy
-
-    return cupy.ElementwiseKernel(
-        "T cr, T ci, int32 max_iter",
-        "int32 count",
-        """
-        T zr = 0, zi = 0;
-        int n = 0;
-        while (n < max_iter) {
-            T zr2 = zr * zr;
-            T zi2 = zi * zi;
-            if (zr2 + zi2 > (T)4) break;
-            T t = zr * zi;
-            zi = t + t + ci;
-            zr = zr2 - zi2 + cr;
-            ++n;
-        }
-        count = n;
-        """,
-        "mgpu_mandelbrot",
-        options=("--fmad=false",),
-    )
-
-
-def _numpy_mandelbrot(x: np.ndarray, y: np.ndarray, max_iter: int) -> np.ndarray:
-    h, w = y.shape[0], x.shape[0]
-    cr = np.broadcast_to(x[None, :], (h, w)).ravel().copy()
-    ci = np.broadcast_to(y[:, None], (h, w)).ravel().copy()
-    # Points still iterating; a point's count is the step at which it escaped, so the
-    # loop never touches the counts of live points (one fewer array op per step).
-    counts = np.full(h * w, max_iter, dtype=np.int32)
-    idx = np.arange(h * w)
-    zr = np.zeros_like(cr)
-    zi = np.zeros_like(ci)
-    zr2, zi2, t = np.empty_like(cr), np.empty_like(cr), np.empty_like(cr)
-    four = x.dtype.type(4)
-    for n in range(max_iter):
-        np.multiply(zr, zr, out=zr2)
-        np.multiply(zi, zi, out=zi2)
-        np.add(zr2, zi2, out=t)
-        escaped = t > four
-        if escaped.any():  # drop escaped points so the work shrinks with the set
-            counts[idx[escaped]] = n
-            alive = ~escaped
-            idx, zr, zi, zr2, zi2, cr, ci = (a[alive] for a in (idx, zr, zi, zr2, zi2, cr, ci))
-            if idx.size == 0:
-                break
-            t = np.empty_like(zr)
-        # zi = 2 zr zi + ci as (zr*zi + zr*zi) + ci, zr = (zr2 - zi2) + cr: the kernel's order.
-        np.multiply(zr, zi, out=t)
-        np.add(t, t, out=zi)
-        zi += ci
-        np.subtract(zr2, zi2, out=zr)
-        zr += cr
-    return counts.reshape(h, w)

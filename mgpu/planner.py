@@ -22,9 +22,9 @@ __all__ = [
     "Tile",
     "assign_contiguous",
     "check_tiling_keys",
-    "choose_matmul_tiles",
     "split",
     "split_by_cost",
+    "split_by_size",
 ]
 
 
@@ -37,6 +37,9 @@ class Tile:
     worker: str | None = None  # None: any worker (dynamic placement)
     cost: float = 1.0  # relative cost, for balancing and the progress bar
     needs: tuple[str, ...] = ()  # names of the panels (see Panel) this tile reads
+    # What the workload's tile function needs besides the bounds (a block size, say): the
+    # plan is data, and the workload object holds only the job's parameters.
+    args: dict[str, Any] = field(default_factory=dict)
 
     def size(self, axis: str) -> int:
         lo, hi = self.bounds[axis]
@@ -160,81 +163,3 @@ def check_tiling_keys(tiling: Any, allowed: Sequence[str], workload: str) -> dic
     if unknown:
         raise JobInputError(f"tiling: unknown axis {unknown[0]!r} for {workload}; allowed: {', '.join(allowed)}")
     return dict(tiling)
-
-
-def matmul_working_set(tm: int, tn: int, tk: int, k: int, itemsize: int) -> int:
-    """Bytes one matmul task holds: an A block, a B block, the C tile (+ an accumulator
-    when k is split), and the float64 check vectors."""
-    acc = tm * tn if tk < k else 0
-    return itemsize * (tm * tk + tk * tn + tm * tn + acc) + 8 * 4 * (tm + tn + tk)
-
-
-def choose_matmul_tiles(
-    m: int,
-    n: int,
-    k: int,
-    itemsize: int,
-    *,
-    budget: int,
-    n_workers: int,
-    explicit: dict[str, int] | None = None,
-    min_tile: int = 256,
-    spill: bool = False,
-) -> tuple[int, int, int]:
-    """Tile sizes (tm, tn, tk) for C[m, n] = A[m, k] @ B[k, n] under a per-device budget.
-
-    Starts from one tile per worker with the full k (inputs generated or read once per
-    tile), halves the larger of tm and tn while the working set exceeds the budget, and
-    splits k only once both are at ``min_tile``. Explicit sizes are kept as given.
-
-    With ``spill`` (managed memory takes what the budget cannot), the smallest tile is
-    returned even when it does not fit.
-
-    Raises
-    ------
-    JobInputError
-        If even the smallest tile does not fit the budget and ``spill`` is off.
-    """
-    explicit = explicit or {}
-    tm = min(explicit.get("m", m), m)
-    tn = min(explicit.get("n", n), n)
-    tk = min(explicit.get("k", k), k)
-    if not explicit:
-        # One tile per worker, cut along the longer output side (fewer input re-reads).
-        if m >= n:
-            tm = math.ceil(m / n_workers)
-        else:
-            tn = math.ceil(n / n_workers)
-    while matmul_working_set(tm, tn, tk, k, itemsize) > budget:
-        if "m" not in explicit and tm >= tn and tm > min_tile:
-            tm = math.ceil(tm / 2)
-        elif "n" not in explicit and tn > min_tile:
-            tn = math.ceil(tn / 2)
-        elif "m" not in explicit and tm > min_tile:
-            tm = math.ceil(tm / 2)
-        elif "k" not in explicit and tk > min_tile:
-            tk = math.ceil(tk / 2)
-        elif spill:
-            break
-        else:
-            need = matmul_working_set(tm, tn, tk, k, itemsize)
-            raise JobInputError(
-                f"cluster.memory_limit: a matmul tile of {tm} x {tn} x {tk} needs "
-                f"{format_bytes(need)} per device but the budget is {format_bytes(budget)}; "
-                "raise cluster.memory_limit or use smaller tiling sizes (or, on GPUs, spill: managed "
-                "to let managed memory take the excess)"
-            )
-    if not explicit:
-        tm, tn = _balance(m, n, tm, tn, n_workers)
-    return tm, tn, tk
-
-
-def _balance(m: int, n: int, tm: int, tn: int, n_workers: int) -> tuple[int, int]:
-    """Shrink tm so that the tile count is a multiple of the workers when tiles are few."""
-    gm, gn = math.ceil(m / tm), math.ceil(n / tn)
-    if gm * gn % n_workers == 0 or gm * gn >= 8 * n_workers:
-        return tm, tn
-    for extra in range(1, n_workers + 1):
-        if (gm + extra) * gn % n_workers == 0 and gm + extra <= m:
-            return math.ceil(m / (gm + extra)), tn
-    return tm, tn

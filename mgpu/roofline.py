@@ -1,10 +1,13 @@
 """Each device's ceilings, measured once and cached: what a result's throughput is set against.
 
-A ceiling is what one device does alone with the plainest fast code: cuBLAS (or BLAS)
-GEMM per dtype, a device-to-device copy (bytes read + written), mgpu's own Mandelbrot
-kernel and, on GPUs, pinned host<->device copies and copies to each peer GPU it sees. They are measured on the workers, keyed by device model and software
-versions, and cached in ``~/.cache/mgpu/ceilings.json`` (``mgpu.cache-dir`` in Dask's
-config moves it), so only the first run on a machine pays the few seconds.
+A ceiling is what one device does alone with the plainest fast code. The device's own are
+measured here: a device-to-device copy (bytes read + written) and, on GPUs, pinned
+host<->device copies and copies to each peer GPU it sees. Every workload measures the
+rates that bound it (see :meth:`mgpu.workloads.base.Workload.measure_ceilings`); this
+module asks them through the registry and names none. They are measured on the workers,
+keyed by device model and software versions, and cached in ``~/.cache/mgpu/ceilings.json``
+(``mgpu.cache-dir`` in Dask's config moves it), so only the first run on a machine pays
+the few seconds.
 """
 
 from __future__ import annotations
@@ -13,82 +16,88 @@ import json
 import os
 import platform
 import statistics
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import dask.config
 import numpy as np
 
-from . import kernels
 from .device import Device, current
 
 if TYPE_CHECKING:
     from .device import DeviceFacts
 
-__all__ = ["ceilings_for", "measure_ceilings"]
+__all__ = ["DEVICE_CEILINGS", "ceiling_units", "ceilings_for", "measure_ceilings", "median_seconds"]
 
-# Sizes that keep each device busy well past launch overheads, per backend.
-_SIZES = {
-    "cuda": {"gemm": 8192, "copy_bytes": 1 << 30, "mandel": 8192, "max_iter": 1000, "repeat": 5},
-    "cpu": {"gemm": 384, "copy_bytes": 32 << 20, "mandel": 128, "max_iter": 200, "repeat": 3},
-}
+# The device's own ceilings (name -> unit); a workload may name one as its bound.
+DEVICE_CEILINGS = {"copy": "GB/s", "h2d_pinned": "GB/s", "d2h_pinned": "GB/s", "peer": "GB/s"}
+# The group of ceilings measured here (the others are named by their workload).
+_DEVICE = "device"
+# Bytes copied per sample: well past launch overheads, per backend.
+_COPY_BYTES = {"cuda": 1 << 30, "cpu": 32 << 20}
+_REPEAT = {"cuda": 5, "cpu": 3}
 
 
-def _median(dev: Device, fn: Any, repeat: int) -> float:
-    fn()  # warm-up: compiles, plans, allocates
+def median_seconds(dev: Device, fn: Callable[[], Any]) -> float:
+    """The median device time of ``fn()`` on ``dev``, after one untimed call.
+
+    For a workload's :meth:`~mgpu.workloads.base.Workload.measure_ceilings`: ``fn`` enqueues
+    device work on the current stream (its first call compiles, plans and allocates).
+    """
+    fn()
     samples = []
-    for _ in range(repeat):
+    for _ in range(_REPEAT[dev.backend]):
         with dev.timer() as t:
             fn()
         samples.append(t.seconds)
     return statistics.median(samples)
 
 
-def measure_ceilings() -> dict[str, float]:
-    """Measure this worker's device alone (runs as a task on the worker)."""
-    from .workloads.matmul import _tf32
+def ceiling_units() -> dict[str, str]:
+    """Every ceiling's unit by name: the device's own and those of every registered workload."""
+    from .workloads import get_workload_class, workload_names
+
+    units = dict(DEVICE_CEILINGS)
+    for name in workload_names():
+        units.update(get_workload_class(name).ceiling_units)
+    return units
+
+
+def measure_ceilings(groups: Sequence[str]) -> dict[str, float]:
+    """Measure this worker's device alone (runs as a task on the worker).
+
+    ``groups``: ``"device"`` (the copy and transfer rates) and workload names (each
+    measures its own).
+    """
+    from .workloads import get_workload_class
 
     dev = current()
-    xp = dev.xp
-    size = _SIZES[dev.backend]
     out: dict[str, float] = {}
-    n = size["gemm"]
     with dev.on_stream():
-        for key, dtype, tf32 in (
-            ("gemm_float16", "float16", False),
-            ("gemm_float32", "float32", False),
-            ("gemm_tf32", "float32", True),
-            ("gemm_float64", "float64", False),
-        ):
-            if dtype == "float16" and not dev.is_gpu:
-                continue  # NumPy has no float16 BLAS; nothing to set a job against
-            a = kernels.random_block(xp, seed=0, operand=0, rows=(0, n), cols=(0, n), total_cols=n, dtype=dtype)
-            b = kernels.random_block(xp, seed=0, operand=1, rows=(0, n), cols=(0, n), total_cols=n, dtype=dtype)
-            with _tf32(dev, tf32):
-                seconds = _median(dev, lambda: xp.matmul(a, b), size["repeat"])
-            out[key] = 2 * n**3 / seconds / 1e12  # TFLOP/s
-            del a, b
-        src = xp.ones(size["copy_bytes"] // 4, dtype=xp.float32)
-        dst = xp.empty_like(src)
-        out["copy"] = 2 * src.nbytes / _median(dev, lambda: dst.__setitem__(slice(None), src), size["repeat"]) / 1e9
-        del src, dst
-        side = size["mandel"]
-        for dtype in ("float32", "float64"):
-            x, y = kernels.mandelbrot_axes(
-                width=side, height=side, bounds=(-2.5, 1.0, -1.25, 1.25), rows=(0, side), dtype=dtype
-            )
-            xd, yd = dev.to_device(x), dev.to_device(y)
-            iterations = float(kernels.mandelbrot_counts(xp, xd, yd, size["max_iter"]).sum(dtype=np.int64))
-            seconds = _median(dev, lambda: kernels.mandelbrot_counts(xp, xd, yd, size["max_iter"]), size["repeat"])
-            out[f"mandelbrot_{dtype}"] = iterations / seconds / 1e9  # Giter/s
-        if dev.is_gpu:
-            out.update(_transfer_rates(dev, size["copy_bytes"], size["repeat"]))
+        for group in groups:
+            if group == _DEVICE:
+                out.update(_device_ceilings(dev))
+            else:
+                out.update(get_workload_class(group).measure_ceilings(dev))
     if dev.is_gpu:
-        xp.get_default_memory_pool().free_all_blocks()
+        dev.xp.get_default_memory_pool().free_all_blocks()
     return out
 
 
-def _transfer_rates(dev: Device, nbytes: int, repeat: int) -> dict[str, float]:
+def _device_ceilings(dev: Device) -> dict[str, float]:
+    xp = dev.xp
+    nbytes = _COPY_BYTES[dev.backend]
+    src = xp.ones(nbytes // 4, dtype=xp.float32)
+    dst = xp.empty_like(src)
+    out = {"copy": 2 * src.nbytes / median_seconds(dev, lambda: dst.__setitem__(slice(None), src)) / 1e9}
+    src = dst = None  # freed before the transfers allocate theirs
+    if dev.is_gpu:
+        out.update(_transfer_rates(dev, nbytes))
+    return out
+
+
+def _transfer_rates(dev: Device, nbytes: int) -> dict[str, float]:
     """GB/s of pinned host->device and device->host copies, and of copies to each peer.
 
     ``peer`` is the slowest of this GPU's peers (what a tile move can count on); the
@@ -103,9 +112,9 @@ def _transfer_rates(dev: Device, nbytes: int, repeat: int) -> dict[str, float]:
     stream = dev.stream
     src = cupy.empty(nbytes, dtype=cupy.uint8)
     host = cupyx.empty_pinned(nbytes, dtype=np.uint8)
-    out["h2d_pinned"] = nbytes / _median(dev, lambda: src.set(host, stream=stream), repeat) / 1e9
-    out["d2h_pinned"] = nbytes / _median(dev, lambda: src.get(stream=stream, out=host), repeat) / 1e9
-    del host
+    out["h2d_pinned"] = nbytes / median_seconds(dev, lambda: src.set(host, stream=stream)) / 1e9
+    out["d2h_pinned"] = nbytes / median_seconds(dev, lambda: src.get(stream=stream, out=host)) / 1e9
+    host = None
     rates = []
     for peer in range(1, cupy.cuda.runtime.getDeviceCount()):
         if not cupy.cuda.runtime.deviceCanAccessPeer(0, peer):
@@ -113,11 +122,11 @@ def _transfer_rates(dev: Device, nbytes: int, repeat: int) -> dict[str, float]:
         enable_peer_access(peer)
         with cupy.cuda.Device(peer):
             dst = cupy.empty(nbytes, dtype=cupy.uint8)
-        copy = lambda: cupy.cuda.runtime.memcpyPeerAsync(  # noqa: E731
+        copy = lambda dst=dst, peer=peer: cupy.cuda.runtime.memcpyPeerAsync(  # noqa: E731
             dst.data.ptr, peer, src.data.ptr, 0, nbytes, stream.ptr
         )
-        rates.append(nbytes / _median(dev, copy, repeat) / 1e9)
-        del dst
+        rates.append(nbytes / median_seconds(dev, copy) / 1e9)
+        dst = copy = None
     if rates:
         out["peer"] = min(rates)
     return out
@@ -149,11 +158,35 @@ def _software() -> dict[str, str]:
     return {k: v[k] for k in ("numpy", "cupy", "cupy-cuda13x", "cupy-cuda12x", "mgpu") if k in v}
 
 
-def ceilings_for(client: Any, devices: dict[str, DeviceFacts], *, refresh: bool = False) -> dict[str, dict[str, float]]:
+def _groups_missing(rates: dict[str, float], groups: Sequence[str]) -> list[str]:
+    """The groups none of whose ceilings ``rates`` holds (a workload may measure none of
+    its ceilings on a backend: it is asked again, at no cost)."""
+    from .workloads import get_workload_class
+
+    missing = []
+    for group in groups:
+        names = {"copy"} if group == _DEVICE else set(get_workload_class(group).ceiling_units)
+        if not names & set(rates):
+            missing.append(group)
+    return missing
+
+
+def ceilings_for(
+    client: Any,
+    devices: dict[str, DeviceFacts],
+    workloads: Sequence[str] | None = None,
+    *,
+    refresh: bool = False,
+) -> dict[str, dict[str, float]]:
     """Ceilings for each worker (address -> {name: rate}), from the cache or measured now.
 
-    One worker per distinct device model measures; its figures stand for its peers.
+    ``workloads`` names the workloads whose ceilings are wanted besides the device's own
+    (all registered ones by default). One worker per distinct device model measures what
+    its model's cache entry lacks; its figures stand for its peers.
     """
+    from .workloads import workload_names
+
+    groups = [_DEVICE, *(workload_names() if workloads is None else workloads)]
     path = _cache_path()
     try:
         cache = json.loads(path.read_text())
@@ -161,19 +194,25 @@ def ceilings_for(client: Any, devices: dict[str, DeviceFacts], *, refresh: bool 
         cache = {}
     versions = client.run(_software)
     keys = {addr: _cache_key(f, versions.get(addr, {})) for addr, f in devices.items()}
-    missing = {}
+    missing: dict[str, tuple[str, list[str]]] = {}  # addr -> (key, groups to measure)
     for addr, key in keys.items():
-        if (refresh or key not in cache) and key not in missing.values():
-            missing[addr] = key
+        todo = groups if refresh else _groups_missing(cache.get(key, {}), groups)
+        if todo and key not in (k for k, _ in missing.values()):
+            missing[addr] = (key, list(todo))
     if missing:
         futures = {
             key: client.submit(
-                measure_ceilings, key=f"roofline-calibrate-{i}", workers=[addr], allow_other_workers=False, pure=False
+                measure_ceilings,
+                todo,
+                key=f"roofline-calibrate-{i}",
+                workers=[addr],
+                allow_other_workers=False,
+                pure=False,
             )
-            for i, (addr, key) in enumerate(missing.items())
+            for i, (addr, (key, todo)) in enumerate(missing.items())
         }
         for key, fut in futures.items():
-            cache[key] = fut.result()
+            cache[key] = {**({} if refresh else cache.get(key, {})), **fut.result()}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")

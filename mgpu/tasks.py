@@ -56,6 +56,7 @@ def run_tile(workload: Workload, tile: Tile, panels: dict[str, PanelRef] | None 
     return record
 
 
-def warmup(workload: Workload) -> None:
-    """Run the workload's warm-up on this worker's device (compiles kernels, makes handles)."""
-    workload.warmup(_device.current())
+def warmup(workload: Workload, tile: Tile) -> None:
+    """Run the workload's warm-up on this worker's device (compiles kernels, makes handles),
+    for tiles like ``tile``."""
+    workload.warmup(_device.current(), tile)

@@ -44,9 +44,11 @@ def test_random_block_is_bit_identical_on_gpu(dtype, rows, cols, total):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_mandelbrot_counts_match_numpy_exactly(dtype):
     # A window on the boundary, where any rounding difference would change counts.
-    x, y = kernels.mandelbrot_axes(width=301, height=97, bounds=(-0.75, -0.73, 0.1, 0.12), rows=(0, 97), dtype=dtype)
-    cpu = kernels.mandelbrot_counts(np, x, y, 2000)
-    gpu = cupy.asnumpy(kernels.mandelbrot_counts(cupy, cupy.asarray(x), cupy.asarray(y), 2000))
+    from mgpu.workloads.mandelbrot import mandelbrot_axes, mandelbrot_counts
+
+    x, y = mandelbrot_axes(width=301, height=97, bounds=(-0.75, -0.73, 0.1, 0.12), rows=(0, 97), dtype=dtype)
+    cpu = mandelbrot_counts(np, x, y, 2000)
+    gpu = cupy.asnumpy(mandelbrot_counts(cupy, cupy.asarray(x), cupy.asarray(y), 2000))
     assert len(np.unique(cpu)) > 50  # the window really is on the boundary
     np.testing.assert_array_equal(gpu, cpu)
 
@@ -139,7 +141,7 @@ def test_tf32_is_really_used(tmp_path):
 
 def test_tf32_reaches_the_gemm_that_accumulates_k_blocks():
     from mgpu.plugins import _cuda_device
-    from mgpu.workloads.matmul import _gemm_accumulate, _tf32
+    from mgpu.workloads.matmul.workload import _gemm_accumulate, _tf32
 
     dev = _cuda_device()
     a = kernels.random_block(cupy, seed=1, operand=0, rows=(0, 1024), cols=(0, 1024), total_cols=1024, dtype="float32")

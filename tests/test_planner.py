@@ -13,20 +13,17 @@ import yaml
 
 from mgpu.device import DeviceFacts
 from mgpu.errors import JobInputError
-from mgpu.kernels import mandelbrot_axes, mandelbrot_counts
 from mgpu.planner import (
     Plan,
     assign_contiguous,
     check_tiling_keys,
-    choose_matmul_tiles,
-    matmul_working_set,
     split,
     split_by_cost,
     split_by_size,
 )
 from mgpu.workloads.dot import Dot, DotParams
-from mgpu.workloads.mandelbrot import Mandelbrot, MandelbrotParams, row_costs
-from mgpu.workloads.matmul import Matmul, MatmulParams
+from mgpu.workloads.mandelbrot import Mandelbrot, MandelbrotParams, mandelbrot_axes, mandelbrot_counts, row_costs
+from mgpu.workloads.matmul import Matmul, MatmulParams, choose_matmul_tiles, matmul_working_set
 
 AWKWARD = [1, 2, 3, 7, 13, 97, 101, 1000, 10_007]
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
@@ -256,7 +253,7 @@ def test_matmul_plan_covers_c_exactly_once(m, n, k, n_workers, tiling):
         assert r1 - r0 <= plan.tile_shape["m"] and c1 - c0 <= plan.tile_shape["n"]
         cover[r0:r1, c0:c1] += 1
     assert (cover == 1).all()
-    assert plan.tile_shape["k"] == min(tiling.get("k", k), k) == wl.tk
+    assert {t.args["tk"] for t in plan.tiles} == {plan.tile_shape["k"]} == {min(tiling.get("k", k), k)}
     if tiling:
         assert len(plan.tiles) == math.ceil(m / min(tiling["m"], m)) * math.ceil(n / min(tiling["n"], n))
 
@@ -413,7 +410,6 @@ def test_row_costs_are_the_coarse_counts_interpolated():
 
 
 def test_spill_lets_the_smallest_tile_exceed_the_budget():
-    from mgpu.planner import choose_matmul_tiles, matmul_working_set
 
     budget = 1 << 20
     with pytest.raises(JobInputError, match="cluster.memory_limit"):

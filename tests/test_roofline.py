@@ -26,7 +26,8 @@ def test_roofline_is_the_sum_of_cached_ceilings(tmp_path, scheduler, cache_dir):
     cache_file = cache_dir / "ceilings.json"
     cache = json.loads(cache_file.read_text())
     ((key, rates),) = cache.items()  # two CPU workers of one model: one entry
-    assert {"gemm_float32", "gemm_float64", "copy", "mandelbrot_float32"} <= set(rates)
+    assert {"gemm_float32", "gemm_float64", "copy"} <= set(rates)
+    assert "mandelbrot_float32" not in rates  # measured once a Mandelbrot job needs it
     assert all(v > 0 for v in rates.values())
 
     # Replace the cached figure: a second run must use it, not measure again.
@@ -57,3 +58,24 @@ def test_each_workload_is_set_against_its_own_ceiling(tmp_path, scheduler, cache
         assert res.code == 0, res.output
         (rates,) = json.loads((cache_dir / "ceilings.json").read_text()).values()
         assert data["roofline"]["limit"] == pytest.approx(2 * rates[ceiling]), name
+
+
+def test_every_workload_measures_its_own_ceilings_each_with_a_unit(scheduler, cache_dir):
+    """roofline names no workload: it asks each registered one for its ceilings and units."""
+    from mgpu.cluster import open_cluster, resolve_cluster
+    from mgpu.roofline import DEVICE_CEILINGS, ceiling_units, ceilings_for
+    from mgpu.spec import ClusterSpec
+    from mgpu.workloads import get_workload_class, workload_names
+
+    with open_cluster(resolve_cluster(ClusterSpec(scheduler=scheduler, dashboard=None))) as info:
+        rates = ceilings_for(info.client, info.devices)
+    units = ceiling_units()
+    assert set(DEVICE_CEILINGS) <= set(units)
+    for per_worker in rates.values():
+        assert set(per_worker) <= set(units) and all(v > 0 for v in per_worker.values())
+        assert "copy" in per_worker
+        for name in workload_names():
+            declared = set(get_workload_class(name).ceiling_units)
+            assert not declared or declared & set(per_worker), name
+    # What each job is set against is a ceiling that was measured.
+    assert {"gemm_float32", "gemm_float64", "mandelbrot_float32", "mandelbrot_float64"} <= set(per_worker)

@@ -17,6 +17,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from mgpu import transfer
 from mgpu.device import Device, DeviceFacts
+from mgpu.planner import Tile
 from mgpu.results import Throughput, _roofline
 from mgpu.sources import NpyInfo, NpySink, NpySource
 from mgpu.workloads.matmul import Matmul, MatmulParams
@@ -99,7 +100,7 @@ def test_host_bytes_count_inputs_once_and_naive_counts_each_tile(tmp_path):
 
 
 def test_distributed_plan_with_an_output_overlaps_writes(monkeypatch, tmp_path):
-    from mgpu.workloads import matmul
+    from mgpu.workloads.matmul import workload as matmul
 
     monkeypatch.setattr(matmul, "_WRITE_TILE_BYTES", 100 * 50 * 8)
     facts = {f"w{i}": DeviceFacts("cpu", i, "cpu", 1 << 30, 1 << 30, "h") for i in range(2)}
@@ -214,7 +215,7 @@ def test_distributed_matmul_from_files_to_a_file(monkeypatch, tmp_path):
     from conftest import start_local_cluster
     from distributed import Client
 
-    from mgpu.workloads import matmul
+    from mgpu.workloads.matmul import workload as matmul
 
     monkeypatch.setattr(matmul, "_WRITE_TILE_BYTES", 20 * 30 * 8)  # two row pieces per panel pair
     m, k, n = 61, 47, 58
@@ -667,11 +668,12 @@ def test_only_file_jobs_on_gpus_make_the_pinned_buffers_in_their_warm_up(monkeyp
         Dot(DotParams(input={"x": str(tmp_path / "x.npy"), "y": str(tmp_path / "y.npy")})),
         Matmul(MatmulParams(input=files)),
     ]
+    tiles = {Dot: Tile(0, {"n": (0, 10)}), Matmul: Tile(0, {"m": (0, 6), "n": (0, 4)}, args={"tk": 5})}
     for wl in from_files:
-        wl.warmup(_cpu_device())
-        wl.warmup(gpu)
+        wl.warmup(_cpu_device(), tiles[type(wl)])
+        wl.warmup(gpu, tiles[type(wl)])
     for wl in (Dot(DotParams(n=10)), Matmul(MatmulParams(m=6, n=4, k=5))):
-        wl.warmup(gpu)
+        wl.warmup(gpu, tiles[type(wl)])
     assert len(readied) == 2  # once per file job, on the GPU
 
 

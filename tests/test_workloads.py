@@ -345,7 +345,8 @@ def test_mandelbrot_warmup_runs_a_small_band_the_way_the_job_does(monkeypatch, v
     """The warm-up is run_tile on a small band, checked when the job is: on a GPU the check's
     kernels then compile and load in the warm-up, not in the first real bands. It leaves the
     job's own axes on the device for the bands to slice."""
-    from mgpu.workloads import mandelbrot
+    from mgpu.planner import Tile
+    from mgpu.workloads.mandelbrot import workload as mandelbrot
 
     runs = []
     run_tile = Mandelbrot.run_tile
@@ -357,7 +358,7 @@ def test_mandelbrot_warmup_runs_a_small_band_the_way_the_job_does(monkeypatch, v
 
     monkeypatch.setattr(Mandelbrot, "run_tile", spy)
     job = Mandelbrot(MandelbrotParams(width=65536, height=65536, max_iter=50, dtype="float64"), verify=verify)
-    job.warmup(Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "host")))
+    job.warmup(Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "host")), Tile(0, {"rows": (0, 8)}))
     assert len(runs) == 1
     small, extra = runs[0]
     assert (small.params.width, small.params.height) == (8192, 8) and small.sinks == {}
@@ -509,7 +510,7 @@ def test_distributed_plan_places_tiles_with_their_panels():
 
 def test_panel_priorities_put_each_workers_first_tile_first(monkeypatch, tmp_path):
     from mgpu.client.submit import panel_priorities, tile_places
-    from mgpu.workloads import matmul
+    from mgpu.workloads.matmul import workload as matmul
 
     monkeypatch.setattr(matmul, "_WRITE_TILE_BYTES", 10 * 31 * 8)  # three row pieces per panel pair
     facts = {f"w{i}": DeviceFacts("cpu", i, "cpu", 1 << 30, 1 << 30, "h") for i in range(3)}

@@ -100,7 +100,7 @@ def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, clu
     sinks = list(workload.sinks.values())
     marks = [time.perf_counter()]  # start, ceilings, plan, warm-up, first tile
     try:
-        ceilings = ceilings_for(info.client, info.devices)
+        ceilings = ceilings_for(info.client, info.devices, [job.workload])
         marks.append(time.perf_counter())
         sharing = workload.concurrency if info.slots else 1  # tiles on one device at once
         plan = workload.plan(info.devices, info.budget() // sharing, p.tiling, spill=info.spills)
@@ -110,7 +110,7 @@ def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, clu
             sink.create()
         resources = info.tile_resources(workload.concurrency)
         alloc_stats.begin_job(info.client, list(info.devices))
-        warm_up(info.client, workload, list(info.devices), resources)
+        warm_up(info.client, workload, plan.tiles[0], list(info.devices), resources)
         marks.append(time.perf_counter())
 
         def tile_done(record: TileRecord) -> None:

@@ -26,13 +26,17 @@ __all__ = ["panel_priorities", "run_plan", "tile_places", "warm_up"]
 _DYNAMIC_AHEAD = 2
 
 
-def warm_up(client: Any, workload: Workload, workers: list[str], resources: dict[str, float] | None = None) -> None:
-    """Run each worker's warm-up once before the timed tiles (compiles kernels, makes handles)."""
+def warm_up(
+    client: Any, workload: Workload, tile: Tile, workers: list[str], resources: dict[str, float] | None = None
+) -> None:
+    """Run each worker's warm-up once before the timed tiles (compiles kernels, makes handles);
+    ``tile`` is one of the plan's, whose size and args the warm-up follows."""
     # Loosely placed: a worker lost meanwhile must not leave its warm-up waiting forever.
     futures = [
         client.submit(
             warmup,
             workload,
+            tile,
             key=f"{workload.name}-warmup-{i}-{uuid.uuid4().hex[:6]}",
             workers=[w],
             allow_other_workers=True,

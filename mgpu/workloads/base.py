@@ -88,6 +88,8 @@ class Workload(ABC):
     grow: ClassVar[tuple[str, ...]] = ()
     # Tiles that may share one device at once (each gets 1/concurrency of the budget).
     concurrency: ClassVar[int] = 1
+    # The ceilings this workload measures (see measure_ceilings): name -> unit.
+    ceiling_units: ClassVar[dict[str, str]] = {}
 
     def __init__(self, params: BaseModel, *, verify: bool = True) -> None:
         self.params = params
@@ -110,7 +112,15 @@ class Workload(ABC):
 
     @abstractmethod
     def ceiling(self) -> str:
-        """The name of the device ceiling (see :mod:`mgpu.roofline`) this job is bound by."""
+        """The name of the ceiling this job is bound by: one of ``ceiling_units`` or of the
+        device's own (:data:`mgpu.roofline.DEVICE_CEILINGS`, e.g. ``"copy"``)."""
+
+    @classmethod
+    def measure_ceilings(cls, dev: Device) -> dict[str, float]:
+        """Measure the rates named in ``ceiling_units`` on ``dev`` alone (a task on a worker,
+        its stream current), in those units; a rate this backend cannot run may be left out.
+        :func:`mgpu.roofline.median_seconds` times a call as every ceiling is timed."""
+        return {}
 
     def reduce(self, records: list[TileRecord]) -> float | None:
         """The job's scalar answer from the tiles' records, where it has one."""
@@ -141,9 +151,10 @@ class Workload(ABC):
         return []
 
     # -- on a worker ---------------------------------------------------------------
-    def warmup(self, dev: Device) -> None:
+    def warmup(self, dev: Device, tile: Tile) -> None:
         """Run a tiny tile's kernels once, untimed: compiles them and creates library
-        handles so the first real tile is not charged for it."""
+        handles so the first real tile is not charged for it. ``tile`` is one of the
+        plan's (its size and args are the job's)."""
 
     @abstractmethod
     def run_tile(self, dev: Device, tile: Tile, panels: dict[str, Any] | None = None) -> TileRecord:

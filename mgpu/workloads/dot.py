@@ -148,7 +148,7 @@ class Dot(Workload):
     def ceiling(self) -> str:
         return "copy"  # memory-bound: set against a device copy's bytes per second
 
-    def warmup(self, dev: Device) -> None:
+    def warmup(self, dev: Device, tile: Tile) -> None:
         small = Dot(self.params.model_copy(update={"n": 4099, "input": "random"}), verify=True)
         small.run_tile(dev, Tile(-1, {"n": (0, 4099)}))
         if self.params.input != "random" and dev.is_gpu:

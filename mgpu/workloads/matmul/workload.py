@@ -11,25 +11,18 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .. import transfer
-from ..device import Device, DeviceFacts
-from ..errors import JobInputError
-from ..kernels import matvec_f64
-from ..panels import PanelRef, copy_rows, enable_all_peers, open_remote, peer_ordinal, publish, resident
-from ..planner import (
-    Panel,
-    Plan,
-    Tile,
-    assign_contiguous,
-    choose_matmul_tiles,
-    matmul_working_set,
-    split,
-    split_by_size,
-)
-from ..sizes import format_bytes
-from ..sources import NpySink, NpySource, RandomSource, check_output_path, input_files, inspect_npy
-from .base import TileRecord, Workload, injected_fault
-from .checks import relative_residual, unit_roundoff
+from ... import transfer
+from ...device import Device, DeviceFacts
+from ...errors import JobInputError
+from ...kernels import matvec_f64, random_block
+from ...panels import PanelRef, copy_rows, enable_all_peers, open_remote, peer_ordinal, publish, resident
+from ...planner import Panel, Plan, Tile, assign_contiguous, split, split_by_size
+from ...roofline import median_seconds
+from ...sizes import format_bytes
+from ...sources import NpySink, NpySource, RandomSource, check_output_path, input_files, inspect_npy
+from ..base import TileRecord, Workload, injected_fault
+from ..checks import relative_residual, unit_roundoff
+from .planning import choose_matmul_tiles, matmul_working_set
 
 __all__ = ["Matmul", "MatmulParams"]
 
@@ -54,6 +47,8 @@ _WRITING_TILES = 3
 # product waits for a piece, not the whole panel (reading a 4.8 GB column panel of B from a
 # file took 0.36 s on an H200 host), and the tiles, so the last write, are smaller.
 _B_PARTS = 2
+# The side of the square GEMMs that measure the ceilings: well past launch overheads.
+_CEILING_SIDE = {"cuda": 8192, "cpu": 384}
 
 
 def _pieces(bounds: tuple[int, int], n: int) -> list[tuple[int, int]]:
@@ -147,11 +142,10 @@ class Matmul(Workload):
     size_params = ("m", "n", "k")
     grow = ("m",)  # more rows of C: work and each device's share of A grow by N
     verify_method = "freivalds"
+    ceiling_units = {name: "TFLOP/s" for name in ("gemm_float16", "gemm_float32", "gemm_tf32", "gemm_float64")}
 
     def __init__(self, params: MatmulParams, *, verify: bool = True) -> None:
         super().__init__(params, verify=verify)
-        self.tk = params.k
-        self.tile_shape = (64, 64, 64)  # set by plan(); the warm-up's size follows it
         if params.operands == "distributed" and params.output:
             self.concurrency = _WRITING_TILES  # tiles write their C into the file while another computes
 
@@ -198,11 +192,9 @@ class Matmul(Workload):
         tm, tn, tk = choose_matmul_tiles(
             p.m, p.n, p.k, itemsize, budget=budget, n_workers=len(devices), explicit=tiling, spill=spill
         )
-        self.tk = tk
-        self.tile_shape = (tm, tn, tk)
         boxes = [(r, c) for r in split_by_size(p.m, tm) for c in split_by_size(p.n, tn)]
         owners = assign_contiguous(len(boxes), list(devices))
-        tiles = [Tile(i, {"m": r, "n": c}, owners[i]) for i, (r, c) in enumerate(boxes)]
+        tiles = [Tile(i, {"m": r, "n": c}, owners[i], args={"tk": tk}) for i, (r, c) in enumerate(boxes)]
         return Plan(
             tiles=tiles,
             placement="static",
@@ -254,8 +246,6 @@ class Matmul(Workload):
                 f"{format_bytes(budget * self.concurrency)}; use more devices, a larger budget, or "
                 "params.operands: per-tile"
             )
-        self.tk = kb
-        self.tile_shape = (tms, tns, kb)
         made = [Panel(f"a{i}.{q}", "a", {"m": r}, workers[i]) for i in range(w) for q, r in enumerate(a_pieces[i])]
         made += [Panel(f"b{j}.{h}", "b", {"n": c}, workers[j]) for j in range(w) for h, c in enumerate(b_pieces[j])]
         tiles = []
@@ -266,7 +256,11 @@ class Matmul(Workload):
                     for q, r in enumerate(a_pieces[i]):
                         tiles.append(
                             Tile(
-                                len(tiles), {"m": r, "n": c, "a_rows": r}, workers[i], needs=(f"a{i}.{q}", f"b{j}.{h}")
+                                len(tiles),
+                                {"m": r, "n": c, "a_rows": r},
+                                workers[i],
+                                needs=(f"a{i}.{q}", f"b{j}.{h}"),
+                                args={"tk": kb},
                             )
                         )
         return Plan(
@@ -321,7 +315,7 @@ class Matmul(Workload):
                 busy = t.seconds
                 br = matvec_f64(xp, b, r) if r is not None else None
             else:
-                c, busy, br, moved, moved_s = self._gemm_from_peer(dev, a, ref_b, peer, r)
+                c, busy, br, moved, moved_s = self._gemm_from_peer(dev, a, ref_b, peer, r, tile.args["tk"])
             marks["queued"] = time.time()
             if injected_fault(self.name, tile):
                 c[0, 0] += 1
@@ -348,7 +342,7 @@ class Matmul(Workload):
         return record
 
     def _gemm_from_peer(
-        self, dev: Device, a: Any, ref: PanelRef, peer: int, r: Any
+        self, dev: Device, a: Any, ref: PanelRef, peer: int, r: Any, tk: int
     ) -> tuple[Any, float, Any, int, float]:
         """``a @ B`` with B on a peer GPU, copied in row blocks on the copy stream.
 
@@ -361,8 +355,8 @@ class Matmul(Workload):
 
         k, tn = ref.shape
         copy = dev.copy_stream
-        blocks = split_by_size(k, self.tk)
-        bufs = [cupy.empty((self.tk, tn), dtype=ref.dtype) for _ in range(2)]
+        blocks = split_by_size(k, tk)
+        bufs = [cupy.empty((tk, tn), dtype=ref.dtype) for _ in range(2)]
         used: list[Any] = [None, None]
         copies: list[tuple[Any, Any]] = []
         br = cupy.empty(k, dtype=cupy.float64) if r is not None else None
@@ -415,7 +409,7 @@ class Matmul(Workload):
         c = None
         marks: dict[str, float] = {}
         with dev.on_stream(), _tf32(dev, p.precision == "tf32"):
-            for k0, k1 in split_by_size(p.k, self.tk):
+            for k0, k1 in split_by_size(p.k, tile.args.get("tk", p.k)):
                 a = src_a.read(dev, (r0, r1), (k0, k1))
                 b = src_b.read(dev, (k0, k1), (c0, c1))
                 with dev.timer() as t:
@@ -450,18 +444,38 @@ class Matmul(Workload):
     def ceiling(self) -> str:
         return "gemm_tf32" if self.params.precision == "tf32" else f"gemm_{self.params.dtype}"
 
-    def warmup(self, dev: Device) -> None:
+    @classmethod
+    def measure_ceilings(cls, dev: Device) -> dict[str, float]:
+        """cuBLAS (or BLAS) GEMM of two random square matrices, per dtype and with TF32."""
+        xp, n = dev.xp, _CEILING_SIDE[dev.backend]
+        out: dict[str, float] = {}
+        for key, dtype, tf32 in (
+            ("gemm_float16", "float16", False),
+            ("gemm_float32", "float32", False),
+            ("gemm_tf32", "float32", True),
+            ("gemm_float64", "float64", False),
+        ):
+            if dtype == "float16" and not dev.is_gpu:
+                continue  # NumPy has no float16 BLAS; nothing to set a job against
+            a = random_block(xp, seed=0, operand=0, rows=(0, n), cols=(0, n), total_cols=n, dtype=dtype)
+            b = random_block(xp, seed=0, operand=1, rows=(0, n), cols=(0, n), total_cols=n, dtype=dtype)
+            with _tf32(dev, tf32):
+                seconds = median_seconds(dev, lambda a=a, b=b: xp.matmul(a, b))
+            out[key] = 2 * n**3 / seconds / 1e12
+        return out
+
+    def warmup(self, dev: Device, tile: Tile) -> None:
         # The tile's own m and n, so cuBLAS picks (and loads) the kernel the tiles use; a
         # smaller product may pick another, leaving that load, up to ~150 ms, to the first tile.
-        m, n, k = self.tile_shape
-        k = min(k, _WARMUP_K)
+        m, n = tile.size("m"), tile.size("n")
+        k = min(tile.args.get("tk", self.params.k), _WARMUP_K)
         while m * n * np.dtype(self.params.dtype).itemsize > _WARMUP_C_BYTES:
             m, n = max(1, m // 2), max(1, n // 2)
         p = self.params.model_copy(
             update={"m": m, "n": n, "k": k, "input": "random", "output": None, "operands": "per-tile"}
         )
         small = Matmul(p, verify=True)
-        small.run_tile(dev, Tile(-1, {"m": (0, m), "n": (0, n)}))
+        small.run_tile(dev, Tile(-1, {"m": (0, m), "n": (0, n)}, args={"tk": k}))
         if self.params.operands == "distributed" and dev.is_gpu:
             enable_all_peers()  # the first enable costs tens of ms; not a tile's to pay
         if self.params.input != "random" and dev.is_gpu:

@@ -11,11 +11,12 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..device import Device, DeviceFacts
-from ..kernels import mandelbrot_axes, mandelbrot_counts
-from ..planner import Plan, Tile, split_by_cost, split_by_size
-from ..sources import NpySink, check_output_path
-from .base import TileRecord, Workload, injected_fault
+from ...device import Device, DeviceFacts
+from ...planner import Plan, Tile, split_by_cost, split_by_size
+from ...roofline import median_seconds
+from ...sources import NpySink, check_output_path
+from ..base import TileRecord, Workload, injected_fault
+from .kernels import mandelbrot_axes, mandelbrot_counts
 
 __all__ = ["Mandelbrot", "MandelbrotParams", "render_png", "row_costs"]
 
@@ -37,6 +38,8 @@ _TALLEST_BAND = 2
 # Per process: the running job's axes on the device (see Mandelbrot._axes_on).
 _AXES: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 _AXES_LOCK = threading.Lock()
+# The square image and steps that measure the ceilings (side, max_iter), per backend.
+_CEILING_SIZE = {"cuda": (8192, 1000), "cpu": (128, 200)}
 
 
 class MandelbrotOutput(BaseModel):
@@ -94,6 +97,7 @@ class Mandelbrot(Workload):
     # its own stream, bands started together shared the GPU, ended together, and the GPU
     # then idled.
     concurrency = 8
+    ceiling_units = {"mandelbrot_float32": "Giter/s", "mandelbrot_float64": "Giter/s"}
 
     def prepare(self, *, force: bool) -> None:
         p = self.params
@@ -209,7 +213,22 @@ class Mandelbrot(Workload):
     def ceiling(self) -> str:
         return f"mandelbrot_{self.params.dtype}"
 
-    def warmup(self, dev: Device) -> None:
+    @classmethod
+    def measure_ceilings(cls, dev: Device) -> dict[str, float]:
+        """Iterations per second of this kernel over the whole set, float32 and float64."""
+        side, max_iter = _CEILING_SIZE[dev.backend]
+        out: dict[str, float] = {}
+        for dtype in ("float32", "float64"):
+            x, y = mandelbrot_axes(
+                width=side, height=side, bounds=(-2.5, 1.0, -1.25, 1.25), rows=(0, side), dtype=dtype
+            )
+            xd, yd = dev.to_device(x), dev.to_device(y)
+            iterations = float(mandelbrot_counts(dev.xp, xd, yd, max_iter).sum(dtype=np.int64))
+            seconds = median_seconds(dev, lambda xd=xd, yd=yd: mandelbrot_counts(dev.xp, xd, yd, max_iter))
+            out[f"mandelbrot_{dtype}"] = iterations / seconds / 1e9
+        return out
+
+    def warmup(self, dev: Device, tile: Tile) -> None:
         # A small band through run_tile itself, checked as the job's bands are: the check's
         # kernels, compiled or loaded on first use, otherwise land in the first real bands,
         # and loading a kernel waits for the kernels running. Wide enough (8192 columns)
