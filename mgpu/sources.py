@@ -22,7 +22,7 @@ from . import kernels, transfer
 from .device import Device
 from .errors import JobInputError
 
-__all__ = ["NpyInfo", "NpySink", "NpySource", "RandomSource", "inspect_npy", "check_output_path", "input_files"]
+__all__ = ["NpyInfo", "NpySink", "NpySource", "RandomSource", "check_output_path", "inspect_npy"]
 
 FLOAT_DTYPES = ("float16", "float32", "float64")
 
@@ -126,22 +126,6 @@ class NpySource:
     def read_into(self, dev: Device, out: Any, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> None:
         """The block into ``out``, a C-contiguous array of its shape on ``dev``."""
         transfer.load(dev, self._block(dev, rows, cols), out)
-
-
-def input_files(value: object, names: tuple[str, str]) -> object:
-    """Validate a workload's ``input:``: ``"random"`` or a mapping of both operand files."""
-    if value == "random":
-        return value
-    listing = ", ".join(f"{n}: {n}.npy" for n in names)
-    if not isinstance(value, dict):
-        raise ValueError(f"expected 'random' or the files {{{listing}}}")
-    unknown = sorted(set(value) - set(names))
-    if unknown:
-        raise ValueError(f"unknown key {unknown[0]!r}; allowed: {', '.join(names)}")
-    missing = sorted(set(names) - set(value))
-    if missing:
-        raise ValueError(f"missing {missing[0]!r}; give both {' and '.join(names)}")
-    return {key: inspect_npy(path, key=key).path for key, path in value.items()}
 
 
 def check_output_path(path: str | Path, *, key: str, suffix: str, force: bool) -> str:

@@ -7,56 +7,28 @@ import time
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field
 
 from .. import transfer
 from ..device import Device, DeviceFacts
 from ..errors import JobInputError
+from ..inputs import InputParams, Operand
 from ..kernels import dot_check, dot_f64
 from ..planner import Plan, Tile, assign_contiguous, split
 from ..sizes import format_bytes
-from ..sources import NpySource, RandomSource, input_files, inspect_npy
 from .base import TileRecord, Workload, injected_fault
 from .checks import unit_roundoff
 
 __all__ = ["Dot", "DotParams"]
 
 
-class DotParams(BaseModel):
+class DotParams(InputParams):
     """``params:`` of a dot job."""
 
-    model_config = ConfigDict(extra="forbid")
+    input_operands = (Operand("x", ("n",)), Operand("y", ("n",)))
 
     n: int | None = Field(None, gt=0, description="length of x and y")
     dtype: Literal["float16", "float32", "float64"] | None = None
-    seed: int = Field(0, ge=0)
-    input: Literal["random"] | dict[str, str] = "random"
-
-    @field_validator("input", mode="before")
-    @classmethod
-    def _input(cls, v: Any) -> Any:
-        return input_files(v, ("x", "y"))
-
-    @model_validator(mode="after")
-    def _sizes(self) -> DotParams:
-        if self.input == "random":
-            if self.n is None:
-                raise ValueError("n: required when input is random")
-            self.dtype = self.dtype or "float32"
-            return self
-        x = inspect_npy(self.input["x"], key="input.x")
-        y = inspect_npy(self.input["y"], key="input.y")
-        for key, info in (("input.x", x), ("input.y", y)):
-            if len(info.shape) != 1:
-                raise ValueError(f"{key}: expected a 1-D array, {info.path!r} has shape {info.shape}")
-        if x.shape != y.shape or x.dtype != y.dtype:
-            raise ValueError(f"input: x is {x.shape} {x.dtype} and y is {y.shape} {y.dtype}; they must match")
-        for key, value in (("n", x.shape[0]), ("dtype", x.dtype)):
-            given = getattr(self, key)
-            if given is not None and given != value:
-                raise ValueError(f"{key}: {given} disagrees with the input files ({value})")
-            setattr(self, key, value)
-        return self
 
 
 class Dot(Workload):
@@ -71,14 +43,8 @@ class Dot(Workload):
     grow = ("n",)
     verify_method = "float64 recompute"
 
-    def sources(self) -> tuple[Any, Any]:
-        p = self.params
-        if p.input == "random":
-            return RandomSource(p.seed, 0, (p.n,), p.dtype), RandomSource(p.seed, 1, (p.n,), p.dtype)
-        return (
-            NpySource(inspect_npy(p.input["x"], key="input.x")),
-            NpySource(inspect_npy(p.input["y"], key="input.y")),
-        )
+    def sources(self) -> tuple[Any, ...]:
+        return self.params.sources()
 
     def host_bytes(self) -> int | None:
         p = self.params

@@ -9,17 +9,18 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from ... import transfer
 from ...device import Device, DeviceFacts
 from ...errors import JobInputError
+from ...inputs import InputParams, Operand
 from ...kernels import matvec_f64, random_block
 from ...panels import PanelRef, copy_rows, enable_all_peers, open_remote, peer_ordinal, publish, resident
 from ...planner import Panel, Plan, Tile, assign_contiguous, split, split_by_size
 from ...roofline import median_seconds
 from ...sizes import format_bytes
-from ...sources import NpySink, NpySource, RandomSource, check_output_path, input_files, inspect_npy
+from ...sources import NpySink, RandomSource, check_output_path
 from ..base import TileRecord, Workload, injected_fault
 from ..checks import relative_residual, unit_roundoff
 from .planning import choose_matmul_tiles, matmul_working_set
@@ -56,51 +57,24 @@ def _pieces(bounds: tuple[int, int], n: int) -> list[tuple[int, int]]:
     return [(bounds[0] + lo, bounds[0] + hi) for lo, hi in split(bounds[1] - bounds[0], n)]
 
 
-class MatmulParams(BaseModel):
+class MatmulParams(InputParams):
     """``params:`` of a matmul job."""
 
-    model_config = ConfigDict(extra="forbid")
+    input_operands = (Operand("a", ("m", "k")), Operand("b", ("k", "n")))
 
     m: int | None = Field(None, gt=0, description="rows of A and C")
     n: int | None = Field(None, gt=0, description="columns of B and C")
     k: int | None = Field(None, gt=0, description="columns of A, rows of B")
     dtype: Literal["float16", "float32", "float64"] | None = None
     precision: Literal["default", "tf32"] = "default"
-    seed: int = Field(0, ge=0)
-    input: Literal["random"] | dict[str, str] = "random"
     output: str | None = None
     # per-tile: each tile makes the blocks of A and B it reads. distributed: A's row panels
     # and B's column panels are made once, one of each per device, and a tile reads the B
     # panel another GPU holds from that GPU directly (CUDA IPC over NVLink).
     operands: Literal["per-tile", "distributed"] = "per-tile"
 
-    @field_validator("input", mode="before")
-    @classmethod
-    def _input(cls, v: Any) -> Any:
-        return input_files(v, ("a", "b"))
-
     @model_validator(mode="after")
-    def _sizes(self) -> MatmulParams:
-        if self.input == "random":
-            for key in ("m", "n", "k"):
-                if getattr(self, key) is None:
-                    raise ValueError(f"{key}: required when input is random")
-            self.dtype = self.dtype or "float32"
-        else:
-            a = inspect_npy(self.input["a"], key="input.a")
-            b = inspect_npy(self.input["b"], key="input.b")
-            for key, info in (("input.a", a), ("input.b", b)):
-                if len(info.shape) != 2:
-                    raise ValueError(f"{key}: expected a 2-D array, {info.path!r} has shape {info.shape}")
-            if a.shape[1] != b.shape[0]:
-                raise ValueError(f"input: A is {a.shape} and B is {b.shape}; A's columns must equal B's rows")
-            if a.dtype != b.dtype:
-                raise ValueError(f"input: A holds {a.dtype} and B holds {b.dtype}; they must match")
-            for key, value in (("m", a.shape[0]), ("k", a.shape[1]), ("n", b.shape[1]), ("dtype", a.dtype)):
-                given = getattr(self, key)
-                if given is not None and given != value:
-                    raise ValueError(f"{key}: {given} disagrees with the input files ({value})")
-                setattr(self, key, value)
+    def _precision(self) -> MatmulParams:
         if self.precision == "tf32" and self.dtype != "float32":
             raise ValueError(f"precision: tf32 applies to float32 only, not {self.dtype}")
         return self
@@ -164,17 +138,8 @@ class Matmul(Workload):
         reads = sum(t.size("m") * p.k + p.k * t.size("n") for t in plan.tiles) if p.input != "random" else 0
         return itemsize * reads + (itemsize * p.m * p.n if p.output else 0)
 
-    def sources(self) -> tuple[Any, Any]:
-        p = self.params
-        if p.input == "random":
-            return (
-                RandomSource(p.seed, 0, (p.m, p.k), p.dtype),
-                RandomSource(p.seed, 1, (p.k, p.n), p.dtype),
-            )
-        return (
-            NpySource(inspect_npy(p.input["a"], key="input.a")),
-            NpySource(inspect_npy(p.input["b"], key="input.b")),
-        )
+    def sources(self) -> tuple[Any, ...]:
+        return self.params.sources()
 
     def prepare(self, *, force: bool) -> None:
         p = self.params
