@@ -1,12 +1,17 @@
-"""What the client's tasks run on a worker: a workload's warm-up, a panel's making, a tile."""
+"""What the client's tasks run on a worker: a workload's warm-up, a panel's making, a tile.
+
+The routine around a tile (timing, counters, the check, the record) is :mod:`mgpu.tiles`;
+these are the tasks' entry points, which find the worker's device.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import Callable
+
+from distributed import get_worker
 
 from . import device as _device
+from . import tiles
 from .panels import PanelRef
 from .planner import Panel, Tile
 from .workloads.base import TileRecord, Workload, injected_delay
@@ -14,46 +19,28 @@ from .workloads.base import TileRecord, Workload, injected_delay
 __all__ = ["make_panel", "run_tile", "warmup"]
 
 
-def _counter(dev: _device.Device) -> Callable[[TileRecord], None]:
-    """Start counting what a task moves and spills; the function returned fills a record
-    with what was counted since."""
-    h2d, d2h, (events, spilled) = dev.bytes_h2d, dev.bytes_d2h, dev.spill_counts()
-    if dev.is_gpu:
-        dev.copy_seconds()  # forget copies from before this task (a warm-up's)
-
-    def fill(record: TileRecord) -> None:
-        record.bytes_h2d, record.bytes_d2h = dev.bytes_h2d - h2d, dev.bytes_d2h - d2h
-        now_events, now_spilled = dev.spill_counts()
-        record.spill_events, record.spill_bytes = now_events - events, now_spilled - spilled
-        if dev.is_gpu:
-            seconds = dev.copy_seconds()
-            record.h2d_s, record.d2h_s = seconds["h2d"], seconds["d2h"]
-
-    return fill
-
-
 def make_panel(workload: Workload, panel: Panel, token: str, after: PanelRef | None = None) -> PanelRef:
     """Make ``panel`` on this worker; ``after``, the worker's panel before it, only orders them."""
-    dev = _device.current()
-    start = time.time()
-    fill = _counter(dev)
-    ref = workload.make_panel(dev, panel, token)
-    record = Workload.new_record(dev, Tile(-1, panel.bounds), start, busy_s=0.0, work=0.0, kind="panel")
-    record.extra["panel"] = panel.name
-    fill(record)
-    return dataclasses.replace(ref, record=record)
+    return tiles.make_panel(workload, _device.current(), panel, token)
+
+
+def _answer_hook() -> tiles.AnswerHook | None:
+    """The ``on_answer`` of a worker plugin that has one (tests spoil a tile's answer
+    through it to prove the checks); None in every job."""
+    try:
+        worker = get_worker()
+    except ValueError:
+        return None
+    hooks = [p.on_answer for p in worker.plugins.values() if callable(getattr(p, "on_answer", None))]
+    return hooks[0] if hooks else None
 
 
 def run_tile(workload: Workload, tile: Tile, panels: dict[str, PanelRef] | None = None) -> TileRecord:
     """Compute ``tile`` on this worker's device and return its record."""
-    dev = _device.current()
     delay = injected_delay()
     if delay:
         time.sleep(delay)
-    fill = _counter(dev)
-    record = workload.run_tile(dev, tile, panels) if panels else workload.run_tile(dev, tile)
-    fill(record)
-    return record
+    return tiles.run_tile(workload, _device.current(), tile, panels, hook=_answer_hook())
 
 
 def warmup(workload: Workload, tile: Tile) -> None:

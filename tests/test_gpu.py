@@ -210,10 +210,19 @@ def test_distributed_operands_move_between_gpus_over_nvlink(tmp_path, allocator)
 
 
 @pytest.mark.multi_gpu(2)
-def test_a_corrupted_peer_tile_is_caught(monkeypatch):
-    monkeypatch.setenv("DASK_MGPU__TESTING__CORRUPT_TILE", "1")  # tile 1: GPU 0's peer-fed tile
+def test_a_corrupted_peer_tile_is_caught():
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+    from faults import SpoilTile
+
     params = {"m": 2048, "n": 2048, "k": 5000, "operands": "distributed"}
-    result = run_job(validate_job(_job("matmul", params, devices=[0, 1])))
+    with (
+        LocalCUDACluster(CUDA_VISIBLE_DEVICES=[0, 1], dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        client.register_plugin(SpoilTile(1))  # tile 1: GPU 0's peer-fed tile
+        doc = {**_job("matmul", params), "cluster": {"scheduler": cluster.scheduler_address, "dashboard": None}}
+        result = run_job(validate_job(doc))
     assert result.status == "failed" and result.verify.failed_tiles == [1]
 
 

@@ -658,8 +658,11 @@ def test_only_file_jobs_on_gpus_make_the_pinned_buffers_in_their_warm_up(monkeyp
 
     readied = []
     monkeypatch.setattr(transfer, "ready_buffers", lambda: readied.append(1))
-    monkeypatch.setattr(Dot, "run_tile", lambda self, dev, tile: None)  # the warm-up's small tile
-    monkeypatch.setattr(Matmul, "run_tile", lambda self, dev, tile: None)
+    from mgpu.workloads import dot
+    from mgpu.workloads.matmul import workload as matmul
+
+    for module in (dot, matmul):  # the warm-up's small tile
+        monkeypatch.setattr(module, "run_tile", lambda workload, dev, tile: None)
     gpu = Device("cuda", None, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"))
     for name in ("x", "y"):
         np.save(tmp_path / f"{name}.npy", np.ones(10, np.float32))

@@ -1,5 +1,6 @@
-"""A corrupted tile fails the job: every workload's check catches the fault that the workers
-inject (dask config ``mgpu.testing.corrupt-tile``), exit 1, and no output is kept."""
+"""A corrupted tile fails the job: every workload's check catches the fault that a test
+plugin on the workers puts in one tile's answer (tests/faults.py), exit 1, and no output
+is kept."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import invoke, start_local_cluster, write_job
+from distributed import Client
+from faults import SpoilTile
 
 from mgpu import kernels
 
@@ -19,9 +22,11 @@ CORRUPT_TILE = 1
 
 @pytest.fixture(scope="module")
 def faulty_scheduler() -> Any:
-    """A LocalCluster whose workers corrupt tile 1 of every job (set in their environment)."""
-    cluster = start_local_cluster(env={"DASK_MGPU__TESTING__CORRUPT_TILE": str(CORRUPT_TILE)})
+    """A LocalCluster whose workers corrupt tile 1 of every job."""
+    cluster = start_local_cluster()
     try:
+        with Client(cluster) as client:
+            client.register_plugin(SpoilTile(CORRUPT_TILE))
         yield cluster.scheduler_address
     finally:
         cluster.close()

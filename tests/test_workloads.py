@@ -345,18 +345,18 @@ def test_mandelbrot_warmup_runs_a_small_band_the_way_the_job_does(monkeypatch, v
     """The warm-up is run_tile on a small band, checked when the job is: on a GPU the check's
     kernels then compile and load in the warm-up, not in the first real bands. It leaves the
     job's own axes on the device for the bands to slice."""
+    from mgpu import tiles
     from mgpu.planner import Tile
     from mgpu.workloads.mandelbrot import workload as mandelbrot
 
     runs = []
-    run_tile = Mandelbrot.run_tile
 
-    def spy(self: Mandelbrot, dev: Device, tile: Any, panels: Any = None) -> Any:
-        record = run_tile(self, dev, tile, panels)
-        runs.append((self, dict(record.extra)))
+    def spy(workload: Mandelbrot, dev: Device, tile: Any) -> Any:
+        record = tiles.run_tile(workload, dev, tile)
+        runs.append((workload, dict(record.extra)))
         return record
 
-    monkeypatch.setattr(Mandelbrot, "run_tile", spy)
+    monkeypatch.setattr(mandelbrot, "run_tile", spy)
     job = Mandelbrot(MandelbrotParams(width=65536, height=65536, max_iter=50, dtype="float64"), verify=verify)
     job.warmup(Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "host")), Tile(0, {"rows": (0, 8)}))
     assert len(runs) == 1
@@ -373,11 +373,12 @@ def test_mandelbrot_bands_of_jobs_in_one_process_each_count_over_their_own_windo
     # A band slices the axes its worker keeps for the running job: the next job, with
     # another window or size, must not count over the last one's.
     from mgpu.planner import Tile
+    from mgpu.tiles import run_tile
 
     dev = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "host"))
     for window, (width, height) in [(WINDOW, (64, 48)), ({**WINDOW, "ymin": -0.5}, (64, 48)), (WINDOW, (40, 30))]:
         job = Mandelbrot(MandelbrotParams(width=width, height=height, max_iter=60, dtype="float32", **window))
-        record = job.run_tile(dev, Tile(3, {"rows": (8, 20)}))
+        record = run_tile(job, dev, Tile(3, {"rows": (8, 20)}))
         want = _escape_counts(width, height, **window, max_iter=60, dtype="float32")[8:20]
         assert record.work == want.sum() and record.verify_ok is None
 

@@ -1,13 +1,20 @@
-"""What every workload provides, and the record a tile task sends back to the client."""
+"""The contract every workload fulfils, and the record a tile task sends back to the client.
+
+A workload declares its parameters (a pydantic model; inputs through
+:class:`mgpu.inputs.InputParams`), plans a job into tiles (a :class:`~mgpu.planner.Plan`:
+pure data, each tile carrying what it needs in ``args``), computes one tile given a
+:class:`~mgpu.tiles.TileContext` (``run``), checks it (``check``), keeps its answer
+(``store``), combines the partial answers (``reduce``), and names and measures the
+ceiling that bounds it (``ceiling``, ``measure_ceilings``, ``ceiling_units``). The
+routine around a tile (timing, staging counters, spill accounting, the check, the
+record) is the core's: :func:`mgpu.tiles.run_tile`.
+"""
 
 from __future__ import annotations
 
-import os
-import socket
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import dask.config
 from pydantic import BaseModel
@@ -16,7 +23,10 @@ from ..device import Device, DeviceFacts
 from ..planner import Plan, Tile
 from ..sources import NpySink
 
-__all__ = ["TileRecord", "Workload", "injected_delay", "injected_fault"]
+if TYPE_CHECKING:
+    from ..tiles import TileContext
+
+__all__ = ["TileRecord", "Workload", "injected_delay"]
 
 
 @dataclass
@@ -46,16 +56,6 @@ class TileRecord:
     # Worker wall clock as the tile passed its steps ("checked", "written", ...), in order:
     # where a tile's time goes between start and stop (benchmarks/timeline.py prints them).
     marks: dict[str, float] = field(default_factory=dict)
-
-
-def injected_fault(kind: str, tile: Tile) -> bool:
-    """Whether the tests asked this tile to be corrupted (``mgpu.testing.corrupt-tile``).
-
-    Read from Dask's config on the worker (``DASK_MGPU__TESTING__CORRUPT_TILE=3`` in the
-    worker's environment), so the check path can be shown to fail a job end to end.
-    """
-    target = dask.config.get("mgpu.testing.corrupt-tile", default=None)
-    return target is not None and int(target) == tile.index
 
 
 def injected_delay() -> float:
@@ -157,24 +157,34 @@ class Workload(ABC):
         plan's (its size and args are the job's)."""
 
     @abstractmethod
-    def run_tile(self, dev: Device, tile: Tile, panels: dict[str, Any] | None = None) -> TileRecord:
-        """Compute, check and write one tile on this worker's device.
+    def run(self, ctx: TileContext, tile: Tile) -> Any:
+        """Compute one tile on ``ctx.dev`` (this thread's stream current) and return its
+        answer: what ``check`` and ``store`` are given.
 
-        ``panels`` maps the names in ``tile.needs`` to :class:`~mgpu.panels.PanelRef`.
+        Time the main kernels with ``ctx.timer()`` (their device time is the tile's busy
+        time) and set ``ctx.record.work`` (flops, bytes or iterations done). The panels the
+        tile reads (``tile.needs``) are in ``ctx.panels``; whether the job verifies is
+        ``ctx.verify`` (a tile may gather what its check needs as it computes).
+        """
+
+    @abstractmethod
+    def check(self, ctx: TileContext, tile: Tile, answer: Any) -> tuple[float, bool] | None:
+        """Check ``answer`` on the worker (only when the job verifies): its error and
+        whether it passes; or None when the client judges it (see ``reference``, ``judge``)."""
+
+    def store(self, ctx: TileContext, tile: Tile, answer: Any) -> bool:
+        """Put ``answer`` where the job keeps it (the sinks, the record's ``value``);
+        returns whether anything was written to an output."""
+        return False
+
+    @abstractmethod
+    def spoil(self, answer: Any) -> Any:
+        """``answer`` with one element changed, so that a correct check must fail it.
+
+        Only the tests call it (through a worker plugin's ``on_answer``, see
+        :func:`mgpu.tiles.run_tile`), to prove that every workload's check catches a fault.
         """
 
     def make_panel(self, dev: Device, panel: Any, token: str) -> Any:
         """Make ``panel`` (a :class:`~mgpu.planner.Panel` the plan named) on this worker."""
         raise NotImplementedError(f"{self.name} plans no panels")
-
-    # -- helpers -------------------------------------------------------------------
-    @staticmethod
-    def new_record(dev: Device, tile: Tile, start: float, **kwargs: Any) -> TileRecord:
-        return TileRecord(
-            index=tile.index,
-            worker=f"{socket.gethostname()}:{os.getpid()}",
-            device=dev.facts.id,
-            start=start,
-            stop=time.time(),
-            **kwargs,
-        )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-import time
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -16,10 +16,20 @@ from ..inputs import InputParams, Operand
 from ..kernels import dot_check, dot_f64
 from ..planner import Plan, Tile, assign_contiguous, split
 from ..sizes import format_bytes
-from .base import TileRecord, Workload, injected_fault
+from ..tiles import TileContext, run_tile
+from .base import TileRecord, Workload
 from .checks import unit_roundoff
 
 __all__ = ["Dot", "DotParams"]
+
+
+@dataclass
+class _Sum:
+    """A chunk's sum of products, and the chunk (for the check)."""
+
+    value: float
+    x: Any
+    y: Any
 
 
 class DotParams(InputParams):
@@ -82,41 +92,36 @@ class Dot(Workload):
         longest = max(hi - lo for lo, hi in bounds)
         return Plan(tiles, "static", {"n": longest}, 2 * itemsize * longest, budget)
 
-    def run_tile(self, dev: Device, tile: Tile) -> TileRecord:
-        xp = dev.xp
-        start = time.time()
+    def run(self, ctx: TileContext, tile: Tile) -> _Sum:
+        dev = ctx.dev
         lo, hi = tile.bounds["n"]
         src_x, src_y = self.sources()
-        with dev.on_stream():
-            x = src_x.read(dev, (lo, hi))
-            y = src_y.read(dev, (lo, hi))
-            with dev.timer() as t:
-                value = dot_f64(xp, x, y)
-            if injected_fault(self.name, tile):
-                value += 1.0
-            error = ok = None
-            if self.verify:
-                want, scale = dot_check(xp, x, y)
-                error = abs(value - want) / scale if scale else abs(value - want)
-                ok = error <= unit_roundoff("float64") * (16 + np.sqrt(hi - lo))
-            dev.synchronize()
-        return self.new_record(
-            dev,
-            tile,
-            start,
-            busy_s=t.seconds,
-            work=float(x.nbytes + y.nbytes),
-            value=value,
-            verify_error=error,
-            verify_ok=ok,
-        )
+        x = src_x.read(dev, (lo, hi))
+        y = src_y.read(dev, (lo, hi))
+        with ctx.timer():
+            value = dot_f64(dev.xp, x, y)
+        ctx.record.work = float(x.nbytes + y.nbytes)
+        return _Sum(value, x, y)
+
+    def check(self, ctx: TileContext, tile: Tile, answer: _Sum) -> tuple[float, bool]:
+        """The chunk's sum again by another kernel, in float64, within its rounding."""
+        want, scale = dot_check(ctx.dev.xp, answer.x, answer.y)
+        error = abs(answer.value - want) / scale if scale else abs(answer.value - want)
+        return error, error <= unit_roundoff("float64") * (16 + np.sqrt(tile.size("n")))
+
+    def store(self, ctx: TileContext, tile: Tile, answer: _Sum) -> bool:
+        ctx.record.value = answer.value  # the partial answer reduce() adds up
+        return False
+
+    def spoil(self, answer: _Sum) -> _Sum:
+        return _Sum(answer.value + 1.0, answer.x, answer.y)
 
     def ceiling(self) -> str:
         return "copy"  # memory-bound: set against a device copy's bytes per second
 
     def warmup(self, dev: Device, tile: Tile) -> None:
         small = Dot(self.params.model_copy(update={"n": 4099, "input": "random"}), verify=True)
-        small.run_tile(dev, Tile(-1, {"n": (0, 4099)}))
+        run_tile(small, dev, Tile(-1, {"n": (0, 4099)}))
         if self.params.input != "random" and dev.is_gpu:
             transfer.ready_buffers()  # the first tile paid for 32 cudaHostAlloc calls (2 a host thread)
 

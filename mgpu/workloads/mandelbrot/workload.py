@@ -6,6 +6,7 @@ import math
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -15,7 +16,8 @@ from ...device import Device, DeviceFacts
 from ...planner import Plan, Tile, split_by_cost, split_by_size
 from ...roofline import median_seconds
 from ...sources import NpySink, check_output_path
-from ..base import TileRecord, Workload, injected_fault
+from ...tiles import TileContext, run_tile
+from ..base import TileRecord, Workload
 from .kernels import mandelbrot_axes, mandelbrot_counts
 
 __all__ = ["Mandelbrot", "MandelbrotParams", "render_png", "row_costs"]
@@ -40,6 +42,15 @@ _AXES: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 _AXES_LOCK = threading.Lock()
 # The square image and steps that measure the ceilings (side, max_iter), per backend.
 _CEILING_SIZE = {"cuda": (8192, 1000), "cpu": (128, 200)}
+
+
+@dataclass
+class _Band:
+    """A band's counts on its device, their sum, and (when checked) the sampled counts."""
+
+    counts: Any
+    total: Any
+    sample: Any = None
 
 
 class MandelbrotOutput(BaseModel):
@@ -142,33 +153,40 @@ class Mandelbrot(Workload):
         tallest = max(t.size("rows") for t in tiles)
         return Plan(tiles, "dynamic", {"rows": tallest, "cols": p.width}, tallest * bytes_per_row, budget)
 
-    def run_tile(self, dev: Device, tile: Tile, panels: Any = None) -> TileRecord:
+    def run(self, ctx: TileContext, tile: Tile) -> _Band:
         p = self.params
-        start = time.time()
+        dev = ctx.dev
         r0, r1 = tile.bounds["rows"]
-        record = self.new_record(dev, tile, start, busy_s=0.0, work=0.0)
         xd, yd = self._axes_on(dev)
-        with dev.on_stream():
-            with dev.in_order() as queue, dev.timer(queue) as t:
-                counts = mandelbrot_counts(dev.xp, xd, yd[r0:r1], p.max_iter)
-            record.marks["queued"] = time.time()
-            # The sum and the sample are enqueued behind the kernel and fetched after one
-            # wait for the stream (a fetch that waits itself holds up the other bands' threads).
-            total = counts.sum(dtype=np.int64)
-            if injected_fault(self.name, tile):
-                counts[0, 0] += 1
-            sample = _take_sample(dev.xp, counts, tile, p.width) if self.verify else None
-            dev.synchronize()
-            record.marks["counted"] = time.time()  # the band's kernel, its sum and sample have run
-            record.work = float(dev.to_host(total))
-            if sample is not None:  # judge() sets the sampled counts against the reference
-                record.extra["sample"] = dev.to_host(sample)
-            if "counts" in self.sinks:
-                self.sinks["counts"].write((slice(r0, r1), slice(None)), dev.to_host(counts))
-                record.marks["written"] = time.time()
-            dev.synchronize()
-        record.busy_s, record.stop = t.seconds, time.time()
-        return record
+        with dev.in_order() as queue, ctx.timer(queue):
+            counts = mandelbrot_counts(dev.xp, xd, yd[r0:r1], p.max_iter)
+        ctx.mark("queued")
+        # The sum (and in check the sample) are enqueued behind the kernel and fetched in
+        # store after one wait for the stream (a fetch that waits itself holds up the other
+        # bands' threads).
+        return _Band(counts, counts.sum(dtype=np.int64))
+
+    def check(self, ctx: TileContext, tile: Tile, answer: _Band) -> None:
+        """Gathers the sampled counts; judge() sets them against the reference."""
+        answer.sample = _take_sample(ctx.dev.xp, answer.counts, tile, self.params.width)
+        return None
+
+    def store(self, ctx: TileContext, tile: Tile, answer: _Band) -> bool:
+        dev = ctx.dev
+        dev.synchronize()
+        ctx.mark("counted")  # the band's kernel, its sum and sample have run
+        ctx.record.work = float(dev.to_host(answer.total))
+        if answer.sample is not None:
+            ctx.record.extra["sample"] = dev.to_host(answer.sample)
+        if "counts" not in self.sinks:
+            return False
+        r0, r1 = tile.bounds["rows"]
+        self.sinks["counts"].write((slice(r0, r1), slice(None)), dev.to_host(answer.counts))
+        return True
+
+    def spoil(self, answer: _Band) -> _Band:
+        answer.counts[0, 0] += 1
+        return answer
 
     def _axes_on(self, dev: Device) -> tuple[Any, Any]:
         """The job's x (every column) and y (every row) on ``dev``: copied there once per
@@ -237,7 +255,7 @@ class Mandelbrot(Workload):
             self.params.model_copy(update={"width": min(self.params.width, 8192), "height": 8, "output": None}),
             verify=self.verify,
         )
-        small.run_tile(dev, Tile(-1, {"rows": (0, 8)}))
+        run_tile(small, dev, Tile(-1, {"rows": (0, 8)}))
         self._axes_on(dev)
 
     def finish(self, client: Any) -> list[str]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -21,7 +21,8 @@ from ...planner import Panel, Plan, Tile, assign_contiguous, split, split_by_siz
 from ...roofline import median_seconds
 from ...sizes import format_bytes
 from ...sources import NpySink, RandomSource, check_output_path
-from ..base import TileRecord, Workload, injected_fault
+from ...tiles import TileContext, run_tile
+from ..base import Workload
 from ..checks import relative_residual, unit_roundoff
 from .planning import choose_matmul_tiles, matmul_working_set
 
@@ -249,13 +250,39 @@ class Matmul(Workload):
             shape, read = (p.k, c1 - c0), lambda out: src_b.read_into(dev, out, (0, p.k), (c0, c1))
         return publish(dev, token, panel.name, shape, p.dtype, read)
 
-    def _run_panel_tile(self, dev: Device, tile: Tile, panels: dict[str, PanelRef]) -> TileRecord:
+    def run(self, ctx: TileContext, tile: Tile) -> _Product:
+        if ctx.panels:
+            return self._run_from_panels(ctx, tile)
+        p = self.params
+        dev = ctx.dev
+        xp = dev.xp
+        (r0, r1), (c0, c1) = tile.bounds["m"], tile.bounds["n"]
+        src_a, src_b = self.sources()
+        r = abr = None
+        if ctx.verify:  # Freivalds: one random vector per output column, the same under any tiling
+            r = RandomSource(p.seed, 2, (p.n,), "float64").read(dev, (c0, c1))
+            abr = xp.zeros(r1 - r0, dtype=xp.float64)
+        c = None
+        with _tf32(dev, p.precision == "tf32"):
+            for k0, k1 in split_by_size(p.k, tile.args.get("tk", p.k)):
+                a = src_a.read(dev, (r0, r1), (k0, k1))
+                b = src_b.read(dev, (k0, k1), (c0, c1))
+                with ctx.timer(wait=True):  # the next block is read once this product has run
+                    c = _gemm_accumulate(xp, a, b, c)
+                if abr is not None:
+                    abr += matvec_f64(xp, a, matvec_f64(xp, b, r))
+                del a, b
+        ctx.mark("queued")  # every block made or read and multiplied
+        ctx.record.work = 2.0 * (r1 - r0) * (c1 - c0) * p.k
+        return _Product(c, r, abr=abr)
+
+    def _run_from_panels(self, ctx: TileContext, tile: Tile) -> _Product:
         """Tile (i, j) from resident panels: A_i here, B_j here or on a peer GPU."""
         p = self.params
+        dev = ctx.dev
         xp = dev.xp
-        start = time.time()
         (r0, r1), (c0, c1) = tile.bounds["m"], tile.bounds["n"]
-        ref_a, ref_b = (panels[name] for name in tile.needs)
+        ref_a, ref_b = (ctx.panels[name] for name in tile.needs)
         src_a, src_b = self.sources()
         a = resident(ref_a)
         if a is None:  # only if a worker was replaced: the tile's rows of A_i are made here again
@@ -267,57 +294,34 @@ class Matmul(Workload):
         peer = peer_ordinal(ref_b) if b is None and dev.is_gpu else None
         if b is None and peer is None:  # no peer path (other node, CPU): this worker makes B_j itself
             b = src_b.read(dev, (0, p.k), (c0, c1))
-        r = RandomSource(p.seed, 2, (p.n,), "float64").read(dev, (c0, c1)) if self.verify else None
-        moved, moved_s = 0, 0.0
-        marks = {"inputs": time.time()}
-        with dev.on_stream(), _tf32(dev, p.precision == "tf32"):
+        r = RandomSource(p.seed, 2, (p.n,), "float64").read(dev, (c0, c1)) if ctx.verify else None
+        ctx.mark("inputs")
+        with _tf32(dev, p.precision == "tf32"):
             if b is not None:
                 c = xp.empty((r1 - r0, c1 - c0), dtype=p.dtype)
                 # In order with the other tiles on this device (see concurrency): products
                 # run one at a time, so one tile's C is written while the next multiplies.
-                with dev.in_order() as queue, dev.timer(queue) as t:
+                with dev.in_order() as queue, ctx.timer(queue) as t:
                     xp.matmul(a, b, out=c)
-                busy = t.seconds
+                t.seconds  # noqa: B018 (waits for the product, outside the in-order block: nothing waits in it)
                 br = matvec_f64(xp, b, r) if r is not None else None
             else:
-                c, busy, br, moved, moved_s = self._gemm_from_peer(dev, a, ref_b, peer, r, tile.args["tk"])
-            marks["queued"] = time.time()
-            if injected_fault(self.name, tile):
-                c[0, 0] += 1
-            error = ok = None
-            if r is not None:
-                error = relative_residual(xp, matvec_f64(xp, c, r), matvec_f64(xp, a, br))
-                ok = error <= self.tolerance()
-                marks["checked"] = time.time()  # the product and its check have run
-            if "c" in self.sinks:
-                self.sinks["c"].write((slice(r0, r1), slice(c0, c1)), c, dev)
-                marks["written"] = time.time()
-            dev.synchronize()
-        record = self.new_record(
-            dev,
-            tile,
-            start,
-            busy_s=busy,
-            work=2.0 * (r1 - r0) * (c1 - c0) * p.k,
-            verify_error=error,
-            verify_ok=ok,
-            marks=marks,
-        )
-        record.bytes_d2d, record.d2d_s = moved, moved_s
-        return record
+                c, br = self._gemm_from_peer(ctx, a, ref_b, peer, r, tile.args["tk"])
+        ctx.mark("queued")
+        ctx.record.work = 2.0 * (r1 - r0) * (c1 - c0) * p.k
+        return _Product(c, r, a=a, br=br)
 
-    def _gemm_from_peer(
-        self, dev: Device, a: Any, ref: PanelRef, peer: int, r: Any, tk: int
-    ) -> tuple[Any, float, Any, int, float]:
+    def _gemm_from_peer(self, ctx: TileContext, a: Any, ref: PanelRef, peer: int, r: Any, tk: int) -> tuple[Any, Any]:
         """``a @ B`` with B on a peer GPU, copied in row blocks on the copy stream.
 
         Two receive buffers: block i+1 crosses NVLink while block i is multiplied; events
         order the streams (a copy waits until its buffer's previous block was used). The
         products go on the device's in-order queue, after those of tiles that got there
-        first. Returns (c, gemm seconds, B·r or None, bytes copied, copy seconds).
+        first. Returns (c, B·r or None); the bytes copied and their time go in the record.
         """
         import cupy
 
+        dev = ctx.dev
         k, tn = ref.shape
         copy = dev.copy_stream
         blocks = split_by_size(k, tk)
@@ -325,7 +329,7 @@ class Matmul(Workload):
         used: list[Any] = [None, None]
         copies: list[tuple[Any, Any]] = []
         br = cupy.empty(k, dtype=cupy.float64) if r is not None else None
-        timers, moved, c = [], 0, None
+        moved, c = 0, None
         remote = open_remote(ref, peer)  # kept open until every tile has ended
 
         def enqueue(i: int) -> Any:
@@ -347,64 +351,35 @@ class Matmul(Workload):
                 compute.wait_event(arrived)
                 block = bufs[i % 2][: k1 - k0]
                 a_block = cupy.ascontiguousarray(a[:, k0:k1])
-                with dev.timer(compute) as t:
+                with ctx.timer(compute):
                     c = _gemm_accumulate(cupy, a_block, block, c)
-                timers.append(t)
                 if br is not None:
                     br[k0:k1] = matvec_f64(cupy, block, r)
                 used[i % 2] = compute.record()
                 arrived = following
         dev.stream.synchronize()
-        moved_s = sum(cupy.cuda.get_elapsed_time(b, e) for b, e in copies) / 1e3
-        return c, sum(t.seconds for t in timers), br, moved, moved_s
+        ctx.record.bytes_d2d = moved
+        ctx.record.d2d_s = sum(cupy.cuda.get_elapsed_time(b, e) for b, e in copies) / 1e3
+        return c, br
 
-    def run_tile(self, dev: Device, tile: Tile, panels: dict[str, PanelRef] | None = None) -> TileRecord:
-        if panels:
-            return self._run_panel_tile(dev, tile, panels)
-        p = self.params
-        xp = dev.xp
-        start = time.time()
+    def check(self, ctx: TileContext, tile: Tile, answer: _Product) -> tuple[float, bool]:
+        """Freivalds: C·r against A·(B·r), both in float64."""
+        xp = ctx.dev.xp
+        got = matvec_f64(xp, answer.c, answer.r)
+        want = answer.abr if answer.abr is not None else matvec_f64(xp, answer.a, answer.br)
+        error = relative_residual(xp, got, want)
+        return error, error <= self.tolerance()
+
+    def store(self, ctx: TileContext, tile: Tile, answer: _Product) -> bool:
+        if "c" not in self.sinks:
+            return False
         (r0, r1), (c0, c1) = tile.bounds["m"], tile.bounds["n"]
-        src_a, src_b = self.sources()
-        check = self.verify
-        if check:  # Freivalds: one random vector per output column, the same under any tiling
-            r = RandomSource(p.seed, 2, (p.n,), "float64").read(dev, (c0, c1))
-            abr = xp.zeros(r1 - r0, dtype=xp.float64)
-        busy = 0.0
-        c = None
-        marks: dict[str, float] = {}
-        with dev.on_stream(), _tf32(dev, p.precision == "tf32"):
-            for k0, k1 in split_by_size(p.k, tile.args.get("tk", p.k)):
-                a = src_a.read(dev, (r0, r1), (k0, k1))
-                b = src_b.read(dev, (k0, k1), (c0, c1))
-                with dev.timer() as t:
-                    c = _gemm_accumulate(xp, a, b, c)
-                busy += t.seconds
-                if check:
-                    abr += matvec_f64(xp, a, matvec_f64(xp, b, r))
-                del a, b
-            marks["queued"] = time.time()  # every block made or read and multiplied (busy waits for each)
-            if injected_fault(self.name, tile):
-                c[0, 0] += 1
-            error = ok = None
-            if check:
-                error = relative_residual(xp, matvec_f64(xp, c, r), abr)
-                ok = error <= self.tolerance()
-                marks["checked"] = time.time()
-            if "c" in self.sinks:
-                self.sinks["c"].write((slice(r0, r1), slice(c0, c1)), c, dev)
-                marks["written"] = time.time()
-            dev.synchronize()
-        return self.new_record(
-            dev,
-            tile,
-            start,
-            busy_s=busy,
-            work=2.0 * (r1 - r0) * (c1 - c0) * p.k,
-            verify_error=error,
-            verify_ok=ok,
-            marks=marks,
-        )
+        self.sinks["c"].write((slice(r0, r1), slice(c0, c1)), answer.c, ctx.dev)
+        return True
+
+    def spoil(self, answer: _Product) -> _Product:
+        answer.c[0, 0] += 1
+        return answer
 
     def ceiling(self) -> str:
         return "gemm_tf32" if self.params.precision == "tf32" else f"gemm_{self.params.dtype}"
@@ -439,8 +414,7 @@ class Matmul(Workload):
         p = self.params.model_copy(
             update={"m": m, "n": n, "k": k, "input": "random", "output": None, "operands": "per-tile"}
         )
-        small = Matmul(p, verify=True)
-        small.run_tile(dev, Tile(-1, {"m": (0, m), "n": (0, n)}, args={"tk": k}))
+        run_tile(Matmul(p, verify=True), dev, Tile(-1, {"m": (0, m), "n": (0, n)}, args={"tk": k}))
         if self.params.operands == "distributed" and dev.is_gpu:
             enable_all_peers()  # the first enable costs tens of ms; not a tile's to pay
         if self.params.input != "random" and dev.is_gpu:
@@ -456,6 +430,17 @@ class Matmul(Workload):
         p = self.params
         u = unit_roundoff(p.dtype, tf32=p.precision == "tf32")
         return u * (16 + np.sqrt(p.k))
+
+
+@dataclass
+class _Product:
+    """A tile's C and what its check needs: the check vector r and A·(B·r), or A and B·r."""
+
+    c: Any
+    r: Any
+    abr: Any = None
+    a: Any = None
+    br: Any = None
 
 
 def _gemm_accumulate(xp: Any, a: Any, b: Any, c: Any | None) -> Any:

@@ -1,0 +1,153 @@
+"""The routine around one tile on its worker, written once for every workload.
+
+A workload says what a tile computes (:meth:`~mgpu.workloads.base.Workload.run`), how it
+is checked (``check``) and where its answer goes (``store``); this module times it,
+counts the bytes it staged and what it spilled, runs the check when the job verifies,
+and fills the record the client receives. Panels (blocks made once per worker) are made
+through the same routine, and so are the warm-ups' small tiles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .device import Device, Timing
+
+if TYPE_CHECKING:
+    from .panels import PanelRef
+    from .planner import Panel, Tile
+    from .workloads.base import TileRecord, Workload
+
+__all__ = ["TileContext", "make_panel", "new_record", "run_tile"]
+
+# Called with (workload, tile, answer) between a tile's run and its check; returns the
+# answer the check sees. Tests set it on a worker (see tests/contract) to prove that a
+# spoiled answer fails its check; it is None in every job.
+AnswerHook = Callable[["Workload", "Tile", Any], Any]
+
+
+@dataclass
+class TileContext:
+    """What a tile's computation is given on its worker.
+
+    ``dev`` offers the array module, this thread's streams (``stream``, ``copy_stream``,
+    ``in_order``) and host<->device copies; ``panels`` maps the names in ``tile.needs`` to
+    the panels made for the job (:class:`~mgpu.panels.PanelRef`); ``record`` is the record
+    being filled (``work``, ``value``, ``bytes_d2d``, ``extra`` are the workload's to set);
+    ``token`` names the job's run on the workers.
+    """
+
+    dev: Device
+    record: TileRecord
+    verify: bool = True
+    panels: dict[str, PanelRef] = field(default_factory=dict)
+    token: str = ""
+    timings: list[Timing] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def timer(self, stream: Any = None, *, wait: bool = False) -> Iterator[Timing]:
+        """Time device work enqueued inside (see :meth:`Device.timer`); its seconds count
+        in the tile's busy time. With ``wait`` the block ends once that work has run."""
+        with self.dev.timer(stream) as t:
+            yield t
+        self.timings.append(t)
+        if wait:
+            t.seconds  # noqa: B018 (reading the seconds waits for the stop event)
+
+    def mark(self, name: str) -> None:
+        """Note the worker's wall clock as the tile passes a step (benchmarks/timeline.py)."""
+        self.record.marks[name] = time.time()
+
+    @property
+    def busy_s(self) -> float:
+        return sum(t.seconds for t in self.timings)
+
+
+def new_record(dev: Device, tile: Tile, start: float, **kwargs: Any) -> TileRecord:
+    """A record of ``tile`` begun at ``start`` on this worker (stop: now)."""
+    from .workloads.base import TileRecord
+
+    return TileRecord(
+        index=tile.index,
+        worker=f"{socket.gethostname()}:{os.getpid()}",
+        device=dev.facts.id,
+        start=start,
+        stop=time.time(),
+        **kwargs,
+    )
+
+
+def _counter(dev: Device) -> Callable[[TileRecord], None]:
+    """Start counting what a task moves and spills; the function returned fills a record
+    with what was counted since."""
+    h2d, d2h, (events, spilled) = dev.bytes_h2d, dev.bytes_d2h, dev.spill_counts()
+    if dev.is_gpu:
+        dev.copy_seconds()  # forget copies from before this task (a warm-up's)
+
+    def fill(record: TileRecord) -> None:
+        record.bytes_h2d, record.bytes_d2h = dev.bytes_h2d - h2d, dev.bytes_d2h - d2h
+        now_events, now_spilled = dev.spill_counts()
+        record.spill_events, record.spill_bytes = now_events - events, now_spilled - spilled
+        if dev.is_gpu:
+            seconds = dev.copy_seconds()
+            record.h2d_s, record.d2h_s = seconds["h2d"], seconds["d2h"]
+
+    return fill
+
+
+def run_tile(
+    workload: Workload,
+    dev: Device,
+    tile: Tile,
+    panels: dict[str, PanelRef] | None = None,
+    *,
+    token: str = "",
+    hook: AnswerHook | None = None,
+) -> TileRecord:
+    """Run ``tile`` of ``workload`` on ``dev`` and return its record.
+
+    On this thread's stream: the workload's ``run``, then (when the job verifies) its
+    ``check``, then its ``store``, then a wait for the stream. The record holds the device
+    time of what the workload timed, the bytes staged in and out, what spilled, the
+    check's error and verdict, and the wall clock at the steps ("checked", "written").
+    """
+    start = time.time()
+    fill = _counter(dev)
+    ctx = TileContext(dev, new_record(dev, tile, start, busy_s=0.0, work=0.0), workload.verify, panels or {}, token)
+    with dev.on_stream():
+        answer = workload.run(ctx, tile)
+        if hook is not None:
+            answer = hook(workload, tile, answer)
+        if workload.verify:
+            verdict = workload.check(ctx, tile, answer)
+            if verdict is not None:  # None: judged on the client once every tile has ended
+                ctx.record.verify_error, ctx.record.verify_ok = verdict
+                ctx.mark("checked")
+        if workload.store(ctx, tile, answer):
+            ctx.mark("written")
+        dev.synchronize()
+    record = ctx.record
+    record.busy_s = ctx.busy_s
+    fill(record)
+    record.stop = time.time()
+    return record
+
+
+def make_panel(workload: Workload, dev: Device, panel: Panel, token: str) -> PanelRef:
+    """Make ``panel`` on this worker; the reference returned carries the record of its making."""
+    from .planner import Tile
+
+    start = time.time()
+    fill = _counter(dev)
+    ref = workload.make_panel(dev, panel, token)
+    record = new_record(dev, Tile(-1, panel.bounds), start, busy_s=0.0, work=0.0, kind="panel")
+    record.extra["panel"] = panel.name
+    fill(record)
+    return dataclasses.replace(ref, record=record)
