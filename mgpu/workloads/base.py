@@ -90,6 +90,9 @@ class Workload(ABC):
     concurrency: ClassVar[int] = 1
     # The ceilings this workload measures (see measure_ceilings): name -> unit.
     ceiling_units: ClassVar[dict[str, str]] = {}
+    # Small ``params:`` that make a job of two tiles or more in well under a second on CPU
+    # workers: the shared contract tests (tests/test_contract.py) run every workload with them.
+    example: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, params: BaseModel, *, verify: bool = True) -> None:
         self.params = params

@@ -52,6 +52,7 @@ class Dot(Workload):
     size_params = ("n",)
     grow = ("n",)
     verify_method = "float64 recompute"
+    example = {"n": 100_003}
 
     def sources(self) -> tuple[Any, ...]:
         return self.params.sources()

@@ -102,6 +102,7 @@ class Mandelbrot(Workload):
     size_params = ("width", "height")
     grow = ("height",)  # more rows over the same window: the cost per row is kept
     verify_method = "cpu reference on sampled rows"
+    example = {"width": 33, "height": 29, "max_iter": 40}
     # Bands on a device at once; their kernels run one after another (Device.in_order),
     # so ~100 ms of kernels are queued while a finished band is checked and the next one
     # comes from the scheduler (2-27 ms apart, timeline.py). With each band's kernel on

@@ -117,6 +117,7 @@ class Matmul(Workload):
     size_params = ("m", "n", "k")
     grow = ("m",)  # more rows of C: work and each device's share of A grow by N
     verify_method = "freivalds"
+    example = {"m": 40, "n": 36, "k": 20}
     ceiling_units = {name: "TFLOP/s" for name in ("gemm_float16", "gemm_float32", "gemm_tf32", "gemm_float64")}
 
     def __init__(self, params: MatmulParams, *, verify: bool = True) -> None:
