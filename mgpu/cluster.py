@@ -18,10 +18,11 @@ from typing import Any
 
 from distributed import Client, LocalCluster
 
+from . import config
 from .alloc_stats import AllocatorStats
 from .device import DeviceFacts, visible_gpu_count
 from .errors import JobInputError
-from .plugins import DeviceSetup
+from .plugins import DeviceSetup, SettingsSetup
 from .signals import WORKER_PRELOAD, deferred
 from .sizes import resolve_size
 from .spec import ClusterSpec
@@ -267,12 +268,18 @@ def _quiet_teardown(client: Client) -> None:
 
 
 @contextlib.contextmanager
-def open_cluster(rc: ResolvedCluster, security: Any = None) -> Iterator[ClusterInfo]:
-    """Start (or join) the cluster, set each worker's device up, and close what was started.
+def open_cluster(
+    rc: ResolvedCluster, security: Any = None, settings: config.Settings | None = None
+) -> Iterator[ClusterInfo]:
+    """Start (or join) the cluster, set each worker's settings and device up, and close what
+    was started.
 
     The cluster is closed on success, failure and Ctrl-C alike; a joined cluster is left
-    running. ``security`` (a ``distributed.security.Security``) is for joining over TLS.
+    running. ``security`` (a ``distributed.security.Security``) is for joining over TLS;
+    ``settings`` are the ``mgpu.*`` settings the workers get (by default
+    :func:`mgpu.config.load`'s, checked before anything starts).
     """
+    settings = settings or config.load()
     cluster = None
     client = None
     try:
@@ -284,6 +291,7 @@ def open_cluster(rc: ResolvedCluster, security: Any = None) -> Iterator[ClusterI
                 warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)
                 cluster = _start_cuda(rc) if rc.backend == "cuda" else _start_cpu(rc)
             client = Client(cluster)
+        client.register_plugin(SettingsSetup(settings))
         client.register_plugin(DeviceSetup(rc.backend if rc.backend != "auto" else "auto"))
         if rc.spill == "managed":
             from .spill import SpillToManaged

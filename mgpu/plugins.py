@@ -10,12 +10,35 @@ import os
 import socket
 from typing import Any
 
+import dask.config
 import psutil
 from distributed import WorkerPlugin
 
 from . import device as _device
+from .config import Settings
 
-__all__ = ["DeviceSetup"]
+__all__ = ["DeviceSetup", "SettingsSetup"]
+
+
+class SettingsSetup(WorkerPlugin):
+    """Give the worker the client's ``mgpu.*`` settings, checked on the client.
+
+    A cluster mgpu starts would inherit them from the client's Dask configuration, but the
+    workers of a cluster it joins were started with their own.
+
+    Parameters
+    ----------
+    settings
+        What :func:`mgpu.config.load` returned on the client.
+    """
+
+    name = "mgpu-settings"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def setup(self, worker: Any = None) -> None:
+        dask.config.update(dask.config.config, self.settings.as_dask_config(), priority="new")
 
 
 class DeviceSetup(WorkerPlugin):

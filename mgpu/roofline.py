@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import dask.config
 import numpy as np
 
+from . import config
 from .device import Device, current
 
 if TYPE_CHECKING:
@@ -133,10 +133,7 @@ def _transfer_rates(dev: Device, nbytes: int) -> dict[str, float]:
 
 
 def _cache_path() -> Path:
-    folder = dask.config.get("mgpu.cache-dir", default=None) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "mgpu"
-    )
-    return Path(folder) / "ceilings.json"
+    return config.load().ceilings_folder() / "ceilings.json"
 
 
 # Bump when measure_ceilings measures something new, so older cached entries are redone.

@@ -30,15 +30,13 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from typing import Any
 
-import dask.config
 import numpy as np
-from dask.utils import parse_bytes
 
-__all__ = ["FileBlock", "Stager", "check_config", "chunk_size", "load", "ready_buffers", "read_method", "store"]
+from . import config
 
-CHUNK_BYTES = 16 << 20  # per DMA: long enough to run at the full PCIe rate (~0.3 ms)
+__all__ = ["FileBlock", "Stager", "chunk_size", "load", "ready_buffers", "read_method", "store"]
+
 BUFFERS = 2  # per host thread: one being filled while the other's DMA runs
-READ_METHODS = ("auto", "pread", "mmap")
 _PARALLEL_BYTES = 4 << 20  # below this a chunk is copied by the task's own thread
 
 _POOL: ThreadPoolExecutor | None = None
@@ -47,27 +45,15 @@ _LOCAL = threading.local()
 
 
 def host_threads() -> int:
-    """Host copy threads per worker (``mgpu.transfer.host-threads``; by default half the
-    cores this process may use, at most 16).
+    """Host copy threads per worker (``mgpu.transfer.host-threads``; ``auto``, the default:
+    half the cores this process may use, at least 2, at most 16).
 
-    On the H200 hosts measured (a fresh map of a file in the page
+    On the H200 hosts measured (benchmarks/host_io.py, a fresh map of a file in the page
     cache into pinned memory), one thread moves 7-9 GB/s, 8 move 35-46 and 16 move 45-55,
     with two processes (two workers) copying at once.
-
-    Raises
-    ------
-    ValueError
-        If the key holds anything but a positive whole number.
     """
-    default = min(16, max(2, len(os.sched_getaffinity(0)) // 2))
-    value = dask.config.get("mgpu.transfer.host-threads", default=default)
-    try:
-        n = int(value) if not isinstance(value, (bool, float)) else 0
-    except (TypeError, ValueError):  # None, a list, "many"
-        n = 0
-    if n < 1:
-        raise ValueError(f"mgpu.transfer.host-threads: {value!r} is not a positive whole number")
-    return n
+    n = config.load().transfer.host_threads
+    return min(16, max(2, len(os.sched_getaffinity(0)) // 2)) if n == "auto" else n
 
 
 def read_method(contiguous: bool = True) -> str:
@@ -76,56 +62,24 @@ def read_method(contiguous: bool = True) -> str:
 
     ``mgpu.transfer.read`` picks one for every block, or ``"auto"`` (the default): pread
     for a block that is contiguous in the file (whole rows, or a range of a vector), a
-    memory map for a column block. In the out-of-core matmul on two H200 workers pread
-    moved whole rows at 22-32 GB/s and B's column panels (a read per 96 KiB row) at
-    7-10 GB/s; copied from a map, those panels moved 13-17 GB/s.
-
-    Raises
-    ------
-    ValueError
-        If the key holds anything else.
+    memory map for a column block. In the out-of-core matmul on two H200 workers (session
+    7) pread moved whole rows at 22-32 GB/s and B's column panels (a read per 96 KiB row)
+    at 7-10 GB/s; copied from a map, those panels moved 13-17 GB/s.
     """
-    value = dask.config.get("mgpu.transfer.read", default="auto")
-    if value not in READ_METHODS:
-        raise ValueError(f"mgpu.transfer.read: {value!r} is not one of {', '.join(READ_METHODS)}")
-    if value == "auto":
+    method = config.load().transfer.read
+    if method == "auto":
         return "pread" if contiguous else "mmap"
-    return value
+    return method
 
 
 def chunk_size() -> int:
-    """Bytes per staged chunk, one DMA (``mgpu.transfer.chunk-bytes``, by default 16 MiB).
+    """Bytes per staged chunk, one DMA (``mgpu.transfer.chunk-bytes``, by default 16 MiB:
+    long enough to run at the full PCIe rate, ~0.3 ms).
 
-    Reading a dot's files on two H200 workers, 16, 32 and 64 MiB moved the same
+    Reading a dot's files on two H200 workers (session 8), 16, 32 and 64 MiB moved the same
     (42-45 GB/s in all); 4 MiB lost a quarter and 1 MiB four fifths (a chunk's own cost).
-
-    Raises
-    ------
-    ValueError
-        If the key holds anything but a positive number of bytes.
     """
-    value = dask.config.get("mgpu.transfer.chunk-bytes", default=CHUNK_BYTES)
-    try:
-        nbytes = parse_bytes(value) if isinstance(value, str) else value
-    except ValueError:
-        nbytes = None
-    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 1:
-        raise ValueError(f"mgpu.transfer.chunk-bytes: {value!r} is not a positive number of bytes (e.g. 16MiB)")
-    return nbytes
-
-
-def check_config() -> None:
-    """Check every ``mgpu.transfer`` key before a job starts, so a bad value is named once
-    on the client rather than raised in the workers' tasks.
-
-    Raises
-    ------
-    ValueError
-        Naming the key and what it may hold.
-    """
-    read_method()
-    chunk_size()
-    host_threads()
+    return config.load().transfer.chunk_bytes
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -221,7 +175,7 @@ def _rows(a: Any) -> Any:
     return a.as_column() if isinstance(a, FileBlock) else a.reshape(-1, 1)
 
 
-def chunk_rows(shape: tuple[int, int], itemsize: int, chunk_bytes: int = CHUNK_BYTES) -> list[tuple[int, int]]:
+def chunk_rows(shape: tuple[int, int], itemsize: int, chunk_bytes: int) -> list[tuple[int, int]]:
     """Row ranges of at most ``chunk_bytes`` each (at least one row) covering ``shape[0]`` rows."""
     rows, cols = shape
     per = max(1, chunk_bytes // max(1, cols * itemsize))

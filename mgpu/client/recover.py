@@ -15,11 +15,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import dask.config
-from dask.utils import parse_timedelta
 from distributed import CancelledError
 from distributed import TimeoutError as DaskTimeoutError
 
+from .. import config
 from ..errors import JobFailed
 from ..planner import Tile
 
@@ -67,7 +66,7 @@ class TileTracker:
     def __post_init__(self) -> None:
         self._known = set(self._workers())
         # A worker that is restarted (by its nanny) or replaced takes a few seconds to join.
-        self._patience = parse_timedelta(dask.config.get("mgpu.recovery.wait-for-workers", default="30s"))
+        self._patience = config.load().recovery.wait_for_workers
 
     def submit(self, tile: Tile, worker: str | None, attempt: int = 0) -> None:
         fut = self.submit_task(tile, worker, attempt)

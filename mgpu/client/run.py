@@ -10,9 +10,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .. import alloc_stats, transfer
+from .. import alloc_stats, config
 from ..cluster import ClusterInfo, describe_workers, open_cluster, resolve_cluster, scheduler_address
-from ..errors import JobFailed, JobInputError
+from ..errors import JobFailed
 from ..results import Recovery, Result, Startup
 from ..roofline import ceilings_for
 from ..security import check_tls
@@ -47,10 +47,7 @@ def run_jobs(jobs: Sequence[Job], events: Events | None = None, *, security: Any
         A task failed, or every worker was lost.
     """
     events = events or Events()
-    try:
-        transfer.check_config()
-    except ValueError as e:
-        raise JobInputError(str(e)) from None
+    settings = config.load()  # the mgpu.* settings, checked once; the workers get these
     check_one_cluster(jobs)
     resolved = resolve_cluster(jobs[0].cluster)
     check_tls(scheduler_address(resolved.scheduler) if resolved.scheduler else None, security)
@@ -58,7 +55,7 @@ def run_jobs(jobs: Sequence[Job], events: Events | None = None, *, security: Any
     check_outputs_distinct(prepared)
     t0 = time.perf_counter()
     results: list[Result] = []
-    with open_cluster(resolved, security) as info:
+    with open_cluster(resolved, security, settings) as info:
         cluster_s = time.perf_counter() - t0
         events.cluster_ready(info)
         for i, p in enumerate(prepared):

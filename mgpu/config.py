@@ -1,0 +1,161 @@
+"""mgpu's settings: the ``mgpu.*`` keys of Dask's configuration in one typed object.
+
+``mgpu.yaml`` beside this module holds every key with its default and is registered with
+Dask when mgpu is imported (as ``distributed.yaml`` is); ``mgpu-schema.yaml`` says what each
+key may hold. :func:`load` reads and checks them: the client calls it once before a cluster
+starts (a bad value is a :class:`~mgpu.errors.JobInputError` naming the key, exit 2), and
+:class:`~mgpu.plugins.SettingsSetup` hands the checked values to every worker, so a worker
+of a cluster mgpu joins runs with the client's settings. Modules ask :func:`load`, never
+Dask, for a key.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import dask.config
+import yaml
+from dask.utils import parse_bytes, parse_timedelta
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from .errors import JobInputError
+
+__all__ = ["READ_METHODS", "ReadMethod", "Recovery", "Settings", "Transfer", "load"]
+
+DEFAULTS_PATH = Path(__file__).with_name("mgpu.yaml")
+SCHEMA_PATH = Path(__file__).with_name("mgpu-schema.yaml")
+ReadMethod = Literal["auto", "pread", "mmap"]
+READ_METHODS: tuple[str, ...] = get_args(ReadMethod)
+# Keys under mgpu.testing steer the tests' fault injection; they are no setting of mgpu's.
+_NOT_SETTINGS = frozenset({"testing"})
+
+dask.config.update_defaults(yaml.safe_load(DEFAULTS_PATH.read_text()))
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=_kebab, populate_by_name=True)
+
+
+class Transfer(_Section):
+    """``mgpu.transfer``: how workers move file data between host and GPU."""
+
+    read: ReadMethod = "auto"
+    chunk_bytes: int = 16 << 20
+    host_threads: int | Literal["auto"] = "auto"  # auto: the worker's own (see transfer.host_threads)
+
+    @field_validator("read", mode="before")
+    @classmethod
+    def _read(cls, value: Any) -> Any:
+        if value not in READ_METHODS:
+            raise ValueError(f"{value!r} is not one of {', '.join(READ_METHODS)}")
+        return value
+
+    @field_validator("chunk_bytes", mode="before")
+    @classmethod
+    def _chunk_bytes(cls, value: Any) -> int:
+        try:
+            nbytes = parse_bytes(value) if isinstance(value, str) else value
+        except ValueError:
+            nbytes = None
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 1:
+            raise ValueError(f"{value!r} is not a positive number of bytes (e.g. 16MiB)")
+        return nbytes
+
+    @field_validator("host_threads", mode="before")
+    @classmethod
+    def _host_threads(cls, value: Any) -> int | str:
+        if value == "auto":
+            return value
+        try:
+            n = int(value) if not isinstance(value, (bool, float)) else 0
+        except (TypeError, ValueError):  # None, a list, "many"
+            n = 0
+        if n < 1:
+            raise ValueError(f"{value!r} is not a positive whole number or auto (half the cores, at most 16)")
+        return n
+
+
+class Recovery(_Section):
+    """``mgpu.recovery``: what a job does when it loses workers."""
+
+    wait_for_workers: float = 30.0  # seconds
+
+    @field_validator("wait_for_workers", mode="before")
+    @classmethod
+    def _seconds(cls, value: Any) -> float:
+        try:
+            seconds = parse_timedelta(value) if isinstance(value, (str, int, float)) else None
+        except (TypeError, ValueError, KeyError):
+            seconds = None
+        if seconds is None or isinstance(value, bool) or seconds < 0:
+            raise ValueError(f"{value!r} is not a length of time (e.g. 30s, 2 minutes)")
+        return float(seconds)
+
+
+class Settings(_Section):
+    """Every ``mgpu.*`` key, checked: the value of :func:`load`."""
+
+    cache_dir: str | None = None
+    recovery: Recovery = Recovery()
+    transfer: Transfer = Transfer()
+
+    @field_validator("cache_dir", mode="before")
+    @classmethod
+    def _folder(cls, value: Any) -> str | None:
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise ValueError(f"{value!r} is not a folder (a path, or null for ~/.cache/mgpu)")
+        return None if value is None else os.fspath(value)
+
+    def ceilings_folder(self) -> Path:
+        """The folder of the ceilings cache (``mgpu.cache-dir``)."""
+        if self.cache_dir:
+            return Path(self.cache_dir)
+        return Path(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))) / "mgpu"
+
+    def as_dask_config(self) -> dict[str, Any]:
+        """The settings as Dask configuration (``{"mgpu": {...}}``, the keys as in mgpu.yaml)."""
+        return {"mgpu": self.model_dump(by_alias=True)}
+
+
+def load() -> Settings:
+    """The ``mgpu.*`` keys of Dask's configuration, checked.
+
+    Raises
+    ------
+    JobInputError
+        Naming the first key that holds what it may not, and what it may hold; or a key
+        mgpu does not know, with the ones it does.
+    """
+    raw = dask.config.get("mgpu", default=None) or {}
+    if not isinstance(raw, dict):
+        raise JobInputError(f"mgpu: {raw!r} is not a mapping of mgpu's settings (see mgpu/mgpu.yaml)")
+    doc = {k: v for k, v in _canonical(raw).items() if k not in _NOT_SETTINGS}
+    try:
+        return Settings.model_validate(doc)
+    except ValidationError as e:
+        raise JobInputError(_message(e)) from None
+
+
+def _canonical(raw: dict[str, Any]) -> dict[str, Any]:
+    """Keys as mgpu.yaml spells them: Dask keeps an environment variable's underscores."""
+    return {_kebab(str(k)): _canonical(v) if isinstance(v, dict) else v for k, v in raw.items()}
+
+
+def _message(error: ValidationError) -> str:
+    first = error.errors()[0]
+    key = ".".join(["mgpu", *(str(p) for p in first["loc"])])
+    if first["type"] == "extra_forbidden":
+        section: type[BaseModel] = Settings
+        for part in first["loc"][:-1]:
+            section = section.model_fields[str(part).replace("-", "_")].annotation  # type: ignore[assignment]
+        known = ", ".join(".".join(["mgpu", *map(str, first["loc"][:-1]), _kebab(f)]) for f in section.model_fields)
+        return f"{key}: mgpu has no such setting; it has {known}"
+    if first["type"] == "model_type":
+        return f"{key}: {first['input']!r} is not a mapping of settings (see mgpu/mgpu.yaml)"
+    return f"{key}: {first['msg'].removeprefix('Value error, ')}"
