@@ -18,6 +18,7 @@ from . import __version__
 from .client.run import run_jobs
 from .client.watch import Events
 from .errors import JobFailed, JobInputError
+from .memory import AllocatorChoice
 from .results import print_result
 from .security import client_security
 from .signals import Interrupted, cancel_on_signals
@@ -145,9 +146,7 @@ def cli() -> None:
 )
 @click.option("--devices", help="all, a count (2) or device ids (0,1); overrides cluster.devices")
 @click.option("--backend", type=click.Choice(["auto", "cuda", "cpu"]), help="overrides cluster.backend")
-@click.option(
-    "--allocator", type=click.Choice(["pool", "async", "managed", "default"]), help="overrides cluster.allocator"
-)
+@click.option("--allocator", type=click.Choice(AllocatorChoice.names()), help="overrides cluster.allocator")
 @click.option("--scheduler", metavar="ADDR", help="join a running cluster (address or scheduler file)")
 @click.option(
     "--scheduler-file",
@@ -341,9 +340,7 @@ class _SweepReporter(_Reporter):
 @click.option("--weak", is_flag=True, help="grow the problem with the devices (the job's scale.grow)")
 @click.option("--sizes", metavar="KEY[,KEY]=V,V,...", help="sweep sizes, e.g. params.n=1e8,2e8 or m,n,k=2048,4096")
 @click.option("--backend", type=click.Choice(["auto", "cuda", "cpu"]), help="overrides cluster.backend")
-@click.option(
-    "--allocator", type=click.Choice(["pool", "async", "managed", "default"]), help="overrides cluster.allocator"
-)
+@click.option("--allocator", type=click.Choice(AllocatorChoice.names()), help="overrides cluster.allocator")
 @click.option("--dashboard", metavar="ADDR", help="dashboard address (default 127.0.0.1:8787)")
 @click.option("--no-dashboard", is_flag=True, help="start no dashboard")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a job key, e.g. params.m=4096")
@@ -535,7 +532,7 @@ def bench() -> None:
 @click.option("--json", "json_path", metavar="PATH", help="write the figures as JSON (- for stdout)")
 def bench_alloc(device: int, sizes: str, iterations: int, repeats: int, json_path: str | None) -> None:
     """Time allocate + use + free: cudaMalloc, RMM pool, cudaMallocAsync, managed, spill fallback."""
-    from .bench_alloc import parse_sizes, print_alloc_bench, run_alloc_bench
+    from .memory.bench import parse_sizes, print_alloc_bench, run_alloc_bench
 
     try:
         size_list = parse_sizes(sizes)

@@ -19,9 +19,10 @@ from typing import Any
 from distributed import Client, LocalCluster
 
 from . import config
-from .alloc_stats import AllocatorStats
 from .device import DeviceFacts, visible_gpu_count
 from .errors import JobInputError
+from .memory import AllocatorChoice, rmm_options
+from .memory.stats import AllocatorStats
 from .plugins import DeviceSetup, SettingsSetup
 from .signals import WORKER_PRELOAD, deferred
 from .sizes import resolve_size
@@ -183,27 +184,14 @@ def resolve_cluster(spec: ClusterSpec) -> ResolvedCluster:
                 "cluster.protocol: ucx needs distributed-ucxx (pip install 'mgpu[cuda13]'); use tcp or auto"
             )
     # Spilling needs an RMM resource to wrap: GPU workers with a pool or async allocator.
-    spill = spec.spill if backend == "cuda" and spec.allocator in ("pool", "async") else "none"
+    spill = spec.spill if backend == "cuda" and AllocatorChoice(spec.allocator).can_spill else "none"
     return ResolvedCluster(backend, ids, spec.allocator, protocol, spec.memory_limit, None, spec.dashboard, why, spill)
 
 
 def _start_cuda(rc: ResolvedCluster) -> Any:
     from dask_cuda import LocalCUDACluster
 
-    rmm: dict[str, Any] = {}
     budget = AUTO_BUDGET["cuda"] if rc.memory_limit == "auto" else rc.memory_limit
-    if rc.allocator == "pool":
-        # Take the planner's budget up front: tasks then allocate from the pool at once.
-        rmm["rmm_pool_size"] = budget
-    elif rc.allocator == "async":
-        rmm["rmm_async"] = True
-    if rc.spill == "managed" and rc.allocator in ("pool", "async"):
-        # The budget is a hard cap: past it, allocations fall back to managed memory.
-        rmm["rmm_maximum_pool_size"] = budget
-    elif rc.allocator == "managed":
-        rmm["rmm_managed_memory"] = True
-    if rc.allocator != "default":
-        rmm["rmm_allocator_external_lib_list"] = ["cupy"]
     return LocalCUDACluster(
         CUDA_VISIBLE_DEVICES=",".join(str(d) for d in rc.devices),
         host="127.0.0.1",  # nothing outside this machine needs to reach a cluster mgpu starts
@@ -213,7 +201,7 @@ def _start_cuda(rc: ResolvedCluster) -> Any:
         resources={SLOT: 1},
         silence_logs=logging.WARNING,
         preload=[WORKER_PRELOAD],
-        **rmm,
+        **rmm_options(rc.allocator, budget, rc.spill),
     )
 
 
@@ -294,7 +282,7 @@ def open_cluster(
         client.register_plugin(SettingsSetup(settings))
         client.register_plugin(DeviceSetup(rc.backend if rc.backend != "auto" else "auto"))
         if rc.spill == "managed":
-            from .spill import SpillToManaged
+            from .memory.spill import SpillToManaged
 
             client.register_plugin(SpillToManaged())
         # Last, so its statistics adaptor sits on top of whatever the plugins above installed.

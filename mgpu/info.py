@@ -9,6 +9,7 @@ import platform
 from typing import TYPE_CHECKING, Any
 
 from .device import visible_gpu_count
+from .memory import AllocatorChoice
 
 if TYPE_CHECKING:
     from .cluster import ClusterInfo
@@ -113,7 +114,7 @@ def machine_info() -> dict[str, Any]:
             f"no GPU is visible; jobs run on {os.cpu_count()} CPU workers with NumPy (cluster.devices chooses how many)"
         )
     has_rmm = importlib.util.find_spec("rmm") is not None
-    info["allocators"] = ["pool", "async", "managed", "default"] if has_rmm else ["default"]
+    info["allocators"] = AllocatorChoice.names() if has_rmm else [AllocatorChoice.DEFAULT.value]
     info["ucx"] = importlib.util.find_spec("distributed_ucxx") is not None
     return info
 

@@ -145,7 +145,7 @@ def build_result(
     ``compute_s`` is the longest span, on any one worker's own clock, from its first tile's
     start to its last tile's end: cluster start-up is out, input generation, checks and
     idle gaps between tiles are in. Throughput is all tiles' work over that span.
-    ``allocators`` (worker address -> figures, see :mod:`mgpu.alloc_stats`) fill each
+    ``allocators`` (worker address -> figures, see :mod:`mgpu.memory.stats`) fill each
     row's allocator and its peak memory. ``panel_records`` (panels made before the tiles
     that read them) count in each worker's span and bytes, not in its tiles.
     """

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from .errors import JobInputError
+from .memory import AllocatorChoice
 from .sizes import parse_size
 from .workloads import get_workload_class, workload_names
 
@@ -33,11 +34,12 @@ __all__ = ["ClusterSpec", "Job", "ScaleSpec", "apply_overrides", "check_one_clus
 class ClusterSpec(BaseModel):
     """Where and how the job runs (the ``cluster:`` section)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # use_enum_values: cluster.allocator holds the choice as written ("pool"), as the job's JSON does.
+    model_config = ConfigDict(extra="forbid", use_enum_values=True)
 
     backend: Literal["auto", "cuda", "cpu"] = "auto"
     devices: Literal["all"] | int | list[int] = "all"
-    allocator: Literal["pool", "async", "managed", "default"] = "pool"
+    allocator: AllocatorChoice = AllocatorChoice.POOL
     memory_limit: Literal["auto"] | int | float | str = "auto"
     spill: Literal["none", "managed"] = "managed"
     protocol: Literal["auto", "tcp", "ucx"] = "auto"

@@ -52,11 +52,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture
 def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hide every GPU from mgpu, in this process and in the processes it starts."""
-    from mgpu import bench_alloc
+    from mgpu.memory import bench
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # mgpu's device count and child processes
     # CuPy in this process may have counted the devices already; the bench asks CuPy.
-    monkeypatch.setattr(bench_alloc, "_gpu_count", lambda: (0, "no CUDA GPU is visible"))
+    monkeypatch.setattr(bench, "_gpu_count", lambda: (0, "no CUDA GPU is visible"))
 
 
 # -- waiting on a condition ------------------------------------------------------------

@@ -11,7 +11,9 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from mgpu.alloc_stats import (
+from mgpu.cluster import ClusterInfo, ResolvedCluster
+from mgpu.device import DeviceFacts
+from mgpu.memory.stats import (
     Counts,
     RmmTracker,
     describe_chain,
@@ -19,8 +21,6 @@ from mgpu.alloc_stats import (
     window_from_snapshots,
     window_from_stack,
 )
-from mgpu.cluster import ClusterInfo, ResolvedCluster
-from mgpu.device import DeviceFacts
 from mgpu.planner import Plan, Tile
 from mgpu.results import Allocator, Result, allocator_cell, build_result, print_result
 from mgpu.spec import validate_job

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import invoke
 
-from mgpu import bench_alloc
-from mgpu.bench_alloc import ALLOCATORS, managed_limit, parse_sizes, spill_cap, summarise
 from mgpu.errors import JobInputError
+from mgpu.memory import bench as bench_alloc
+from mgpu.memory.bench import ALLOCATORS, managed_limit, parse_sizes, spill_cap, summarise
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -261,7 +261,7 @@ def test_cupy_allocations_reach_the_statistics_adaptor():
     from rmm.allocators.cupy import rmm_cupy_allocator
 
     from mgpu import device as _device
-    from mgpu.alloc_stats import AllocatorStats
+    from mgpu.memory.stats import AllocatorStats
 
     old_mr, old_alloc, old_dev = rmm.mr.get_current_device_resource(), cupy.cuda.get_allocator(), _device._CURRENT
     try:
@@ -367,7 +367,7 @@ def test_bench_alloc_reports_every_allocator_and_the_fallback_path_falls_back(tm
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
-    from mgpu.bench_alloc import ALLOCATORS
+    from mgpu.memory.bench import ALLOCATORS
 
     assert data["managed_limit"] <= data["device"]["free"] // 16
     rows = {(r["allocator"], r["size"]): r for r in data["rows"]}

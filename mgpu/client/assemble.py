@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from .. import alloc_stats
 from ..cluster import ClusterInfo
+from ..memory import stats as alloc_stats
 from ..planner import Plan
 from ..results import Recovery, Result, Startup, build_result
 from ..spec import Job

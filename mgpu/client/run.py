@@ -10,9 +10,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .. import alloc_stats, config
+from .. import config
 from ..cluster import ClusterInfo, describe_workers, open_cluster, resolve_cluster, scheduler_address
 from ..errors import JobFailed
+from ..memory import stats as alloc_stats
 from ..results import Recovery, Result, Startup
 from ..roofline import ceilings_for
 from ..security import check_tls

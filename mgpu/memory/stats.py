@@ -18,7 +18,7 @@ from typing import Any
 
 from distributed import WorkerPlugin
 
-from . import device as _device
+from .. import device as _device
 
 __all__ = [
     "AllocatorStats",
@@ -165,7 +165,7 @@ def describe_chain(chain: list[Any], mr: Any) -> tuple[str, Any, int | None]:
 
 def resource_chain(top: Any, fallback: Any = None) -> list[Any]:
     """The resources from ``top`` down to the one that calls CUDA. mgpu's spill fallback
-    (a :class:`~mgpu.spill.ManagedFallback`) is an RMM callback resource with no upstream
+    (a :class:`~mgpu.memory.spill.ManagedFallback`) is an RMM callback resource with no upstream
     RMM knows of, so its primary is followed by hand."""
     chain = []
     res = top

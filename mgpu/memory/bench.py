@@ -3,7 +3,7 @@
 The classic experiment, in-process on one GPU (no cluster): allocate a buffer, touch every
 byte of it on the device (a memset), free it, many times over, with plain cudaMalloc, an
 RMM pool, cudaMallocAsync, managed memory, and mgpu's spill fallback
-(:class:`~mgpu.spill.ManagedFallback`) both on its normal path (a pool with room: the cost
+(:class:`~mgpu.memory.spill.ManagedFallback`) both on its normal path (a pool with room: the cost
 of the Python callback wrapper) and on its fallback path (a pool capped below the buffer,
 so every allocation fails over to managed memory). Managed allocations are kept far below
 the GPU's free memory: the lent GPUs must never be oversubscribed.
@@ -22,8 +22,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .errors import JobInputError
-from .sizes import format_bytes, parse_size
+from ..errors import JobInputError
+from ..sizes import format_bytes, parse_size
 
 __all__ = ["ALLOCATORS", "AllocBench", "parse_sizes", "print_alloc_bench", "run_alloc_bench"]
 
