@@ -2,11 +2,38 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from . import config  # registers mgpu.yaml's defaults with Dask, as importing distributed does its own
+from .errors import JobFailed, JobInputError
+
 __version__ = "0.1.0"
 
-from .client.run import run_job, run_jobs
-from .errors import JobFailed, JobInputError
-from .results import Result
-from .spec import Job, load_job
+if TYPE_CHECKING:
+    from .client.run import run_job, run_jobs
+    from .results import Result
+    from .spec import Job, load_job
 
-__all__ = ["Job", "JobFailed", "JobInputError", "Result", "__version__", "load_job", "run_job", "run_jobs"]
+__all__ = ["Job", "JobFailed", "JobInputError", "Result", "__version__", "config", "load_job", "run_job", "run_jobs"]
+
+# The rest is imported when first asked for: ``import mgpu.report`` (reading results)
+# must not bring in the client, the cluster and distributed's deployment machinery.
+_LAZY = {
+    "Job": "mgpu.spec",
+    "Result": "mgpu.results",
+    "load_job": "mgpu.spec",
+    "run_job": "mgpu.client.run",
+    "run_jobs": "mgpu.client.run",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mgpu' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

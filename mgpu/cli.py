@@ -365,8 +365,8 @@ def scale(
 ) -> None:
     """Run a job on several device counts (and sizes) and report how it scales."""
     from .cluster import resolve_cluster
-    from .report import row_from_result, with_efficiency, write_report
-    from .scale import default_counts, parse_counts, parse_sizes, plan_sweep, run_sweep, size_label
+    from .report import row_from_result, size_label, with_efficiency, write_report
+    from .scale import default_counts, parse_counts, parse_sizes, plan_sweep, run_sweep
 
     overrides = _overrides(
         sets, backend=backend, allocator=allocator, dashboard=dashboard, no_dashboard=no_dashboard, no_verify=no_verify

@@ -21,13 +21,14 @@ from pydantic import ValidationError
 
 from .errors import JobInputError
 from .results import Result
-from .scale import size_label
+from .workloads import get_workload_class
 
 __all__ = [
     "BY_FIELDS",
     "ROW_FIELDS",
     "load_rows",
     "row_from_result",
+    "size_label",
     "summarize",
     "table_rows",
     "with_efficiency",
@@ -63,6 +64,26 @@ ROW_FIELDS = [
 BY_FIELDS = ["allocator", "protocol", "host", "gpu", "backend", "workload", "job", "source"]
 
 SCALE_KIND = "mgpu-scale"
+
+
+def size_label(workload: str, params: dict[str, object]) -> str:
+    """``"m=4096 n=4096 k=4096"``: a run's size, in the workload's size params."""
+    try:
+        keys = get_workload_class(workload).size_params
+    except KeyError:  # a plugin not installed here: its integer params say enough
+        keys = ()
+    keys = keys or tuple(k for k, v in params.items() if isinstance(v, int) and not isinstance(v, bool))
+    return " ".join(f"{k}={_short(params[k])}" for k in keys if k in params)
+
+
+def _short(value: object) -> str:
+    # 2000000000 reads better as 2e9; 32768 stays as it is.
+    if isinstance(value, int) and value >= 10**6:
+        digits = str(value).rstrip("0")
+        if len(digits) <= 3:
+            mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+            return f"{mantissa}e{len(str(value)) - 1}"
+    return str(value)
 
 
 def row_from_result(

@@ -23,7 +23,7 @@ from .results import Result
 from .spec import Job, load_job
 from .workloads import get_workload_class
 
-__all__ = ["Run", "default_counts", "parse_counts", "parse_sizes", "plan_sweep", "run_sweep", "size_label"]
+__all__ = ["Run", "default_counts", "parse_counts", "parse_sizes", "plan_sweep", "run_sweep"]
 
 
 @dataclass(frozen=True)
@@ -96,26 +96,6 @@ def parse_sizes(text: str) -> tuple[list[str], list[int]]:
     if not values:
         raise JobInputError(f"--sizes: no values after '='; expected {form}")
     return keys, values
-
-
-def size_label(workload: str, params: dict[str, object]) -> str:
-    """``"m=4096 n=4096 k=4096"``: a run's size, in the workload's size params."""
-    try:
-        keys = get_workload_class(workload).size_params
-    except KeyError:  # a plugin not installed here: its integer params say enough
-        keys = ()
-    keys = keys or tuple(k for k, v in params.items() if isinstance(v, int) and not isinstance(v, bool))
-    return " ".join(f"{k}={_short(params[k])}" for k in keys if k in params)
-
-
-def _short(value: object) -> str:
-    # 2000000000 reads better as 2e9; 32768 stays as it is.
-    if isinstance(value, int) and value >= 10**6:
-        digits = str(value).rstrip("0")
-        if len(digits) <= 3:
-            mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
-            return f"{mantissa}e{len(str(value)) - 1}"
-    return str(value)
 
 
 def _grown(base: dict[str, int], grow: tuple[str, ...] | list[str], factor: int) -> dict[str, int]:

@@ -148,3 +148,33 @@ def test_report_bad_input_is_one_message_and_exit_2(tmp_path, content, message):
 def test_report_rejects_an_unknown_by_field(results):
     res = invoke("report", results[0], "--by", "colour")
     assert res.code == 2 and "--by" in res.stderr and "allocator" in res.stderr
+
+
+# -- what reading results imports ----------------------------------------------------------
+
+
+def test_making_a_report_imports_neither_the_client_nor_distributed(results, tmp_path):
+    """Results are read and written up without the execution stack: no mgpu client, cluster
+    or scale sweep, and none of distributed (its client and deployment machinery above all)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "import mgpu.report as report\n"
+        f"rows = report.load_rows({[str(p) for p in results]!r})\n"
+        f"report.write_report(Path({str(tmp_path)!r}), rows, title='t', lines=[])\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(json.loads(proc.stdout.splitlines()[-1]))
+    assert "mgpu.report" in loaded and "mgpu.plots" in loaded  # the report was made
+    assert (tmp_path / "REPORT.md").exists()
+    heavy = ("distributed", "mgpu.client", "mgpu.cluster", "mgpu.scale", "mgpu.plugins", "dask_cuda")
+    assert sorted(m for m in loaded if m.split(".")[0] in heavy or m.startswith(heavy)) == []

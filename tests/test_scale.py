@@ -12,7 +12,8 @@ import pytest
 from conftest import invoke, write_job
 
 from mgpu.errors import JobInputError
-from mgpu.scale import parse_counts, parse_sizes, plan_sweep, size_label
+from mgpu.report import size_label
+from mgpu.scale import parse_counts, parse_sizes, plan_sweep
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
