@@ -2,7 +2,7 @@
 by each route mgpu's staging has, with no Dask: the host's own ceiling for the dot from files.
 
     python3 benchmarks/gpus_from_files.py X.npy Y.npy [--budget 16GiB] [--chunks 16,64] [--threads 16]
-        [--methods pread,mmap] [--json OUT.json]
+        [--methods kvikio,mmap] [--json OUT.json]
 
 One process per GPU, all started together at a barrier for every variant; each moves its
 tiles of x and y as mgpu's dot job plans them under ``--budget`` (each tile's x, then its
@@ -10,8 +10,9 @@ y). The figure is the bytes of every process over the slowest one's wall time.
 
 Routes (``--methods``), each by chunk size (MiB) and host threads per process:
 
-- ``pread``: mgpu's own (:class:`mgpu.transfer.Stager`): each host thread reads a chunk
-  into its pinned buffer and DMAs it; ``mmap``: the same, copied from a fresh map;
+- ``kvikio``: mgpu's own route for whole ranges (:func:`mgpu.io.read`, KvikIO's pool,
+  ``mgpu.io.threads`` and ``mgpu.io.task-size``); ``mmap``: :class:`mgpu.transfer.Stager`,
+  each host thread copying a chunk from a fresh map into its pinned buffer and DMAing it;
 - ``register``, ``register-populate``, ``register-split``: no host copy: each tile's
   span of a fresh map page-locked in place (read-only) and DMAed (:func:`_registered`);
 - ``hybrid``: both at once, the front of each span staged and the back locked in place
@@ -39,7 +40,7 @@ from typing import Any
 import click
 import numpy as np
 
-METHODS = ("pread", "mmap")
+METHODS = ("kvikio", "mmap")
 OTHER_ROUTES = ("register", "register-populate", "register-split", "hybrid", "hmm")
 CEILINGS = ("dma-only", "memcpy", "copy-pread")
 _LIBC = ctypes.CDLL(None, use_errno=True)  # madvise(MADV_POPULATE_READ = 22), Linux 5.14+
@@ -105,7 +106,7 @@ def _run(
 ) -> tuple[int, dict[str, float]]:
     """One variant over every tile; returns the bytes moved and, for the registered route,
     the seconds of each of its steps."""
-    from mgpu import transfer
+    from mgpu import io, transfer
 
     offset, n, dtype = layout
     total = sum(b - a for a, b in spans) * dtype.itemsize * len(paths)
@@ -128,12 +129,17 @@ def _run(
     for a, b in spans:
         for path in paths:
             if v["method"] == "copy-pread":  # file -> each thread's pinned buffer, no DMA
-                block = transfer.FileBlock(path, offset, (n,), dtype, (a, b))
                 fd = os.open(path, os.O_RDONLY)
 
-                def one(lo: int, hi: int) -> None:
+                def one(lo: int, hi: int, a: int = a, fd: int = fd, path: str = path) -> None:
                     buf = transfer._buffers(chunk).take((hi - lo, 1), dtype)[1]
-                    block[slice(lo, hi)].fill(buf, fd)
+                    out, start = memoryview(buf.reshape(-1).view(np.uint8)), offset + (a + lo) * dtype.itemsize
+                    done = 0
+                    while done < len(out):
+                        got = os.preadv(fd, [out[done:]], start + done)
+                        if got == 0:
+                            raise EOFError(f"{path} ends at byte {start + done}")
+                        done += got
 
                 # On mgpu's pool, whose threads made their pinned buffers before the clock started.
                 _threaded(threads, chunk // dtype.itemsize, b - a, one, transfer._pool())
@@ -150,7 +156,7 @@ def _run(
                 with ThreadPoolExecutor(1) as locker:
                     back = locker.submit(_locked_pieces, path, (cut, b), dst[cut - a : b - a], v["chunk"] << 20)
                     if cut > a:
-                        stager.load(dst[: cut - a], transfer.FileBlock(path, offset, (n,), dtype, (a, cut)))
+                        stager.load(dst[: cut - a], np.load(path, mmap_mode="r")[a:cut])
                     for step, sec in back.result().items():
                         phases[step] = phases.get(step, 0.0) + sec
                 moved += (b - a) * dtype.itemsize
@@ -158,8 +164,9 @@ def _run(
                 for step, sec in _registered(path, (a, b), dst, dev, v).items():
                     phases[step] = phases.get(step, 0.0) + sec
                 moved += (b - a) * dtype.itemsize
-            elif v["method"] == "pread":
-                moved += stager.load(dst[: b - a], transfer.FileBlock(path, offset, (n,), dtype, (a, b)))
+            elif v["method"] == "kvikio":
+                io.read(path, offset + a * dtype.itemsize, dst[: b - a])
+                moved += (b - a) * dtype.itemsize
             else:
                 moved += stager.load(dst[: b - a], np.load(path, mmap_mode="r")[a:b])
     return moved, phases

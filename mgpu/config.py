@@ -22,11 +22,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .errors import JobInputError
 
-__all__ = ["READ_METHODS", "ReadMethod", "Recovery", "Settings", "Transfer", "load"]
+__all__ = ["READ_METHODS", "Io", "ReadMethod", "Recovery", "Settings", "Transfer", "load"]
 
 DEFAULTS_PATH = Path(__file__).with_name("mgpu.yaml")
 SCHEMA_PATH = Path(__file__).with_name("mgpu-schema.yaml")
-ReadMethod = Literal["auto", "pread", "mmap"]
+ReadMethod = Literal["auto", "kvikio", "mmap"]
 READ_METHODS: tuple[str, ...] = get_args(ReadMethod)
 # Keys under mgpu.testing steer the tests' fault injection; they are no setting of mgpu's.
 _NOT_SETTINGS = frozenset({"testing"})
@@ -42,12 +42,22 @@ class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=_kebab, populate_by_name=True)
 
 
-class Transfer(_Section):
-    """``mgpu.transfer``: how workers move file data between host and GPU."""
+def _positive_bytes(value: Any, example: str) -> int:
+    try:
+        nbytes = parse_bytes(value) if isinstance(value, str) else value
+    except ValueError:
+        nbytes = None
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 1:
+        raise ValueError(f"{value!r} is not a positive number of bytes (e.g. {example})")
+    return nbytes
+
+
+class Io(_Section):
+    """``mgpu.io``: how GPU workers read ``.npy`` inputs (KvikIO, see :mod:`mgpu.io`)."""
 
     read: ReadMethod = "auto"
-    chunk_bytes: int = 16 << 20
-    host_threads: int | Literal["auto"] = "auto"  # auto: the worker's own (see transfer.host_threads)
+    threads: int = 16
+    task_size: int = 8 << 20
 
     @field_validator("read", mode="before")
     @classmethod
@@ -56,16 +66,29 @@ class Transfer(_Section):
             raise ValueError(f"{value!r} is not one of {', '.join(READ_METHODS)}")
         return value
 
+    @field_validator("threads", mode="before")
+    @classmethod
+    def _threads(cls, value: Any) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{value!r} is not a positive whole number")
+        return value
+
+    @field_validator("task_size", mode="before")
+    @classmethod
+    def _task_size(cls, value: Any) -> int:
+        return _positive_bytes(value, "8MiB")
+
+
+class Transfer(_Section):
+    """``mgpu.transfer``: how workers stage copies between host memory and GPU."""
+
+    chunk_bytes: int = 16 << 20
+    host_threads: int | Literal["auto"] = "auto"  # auto: the worker's own (see transfer.host_threads)
+
     @field_validator("chunk_bytes", mode="before")
     @classmethod
     def _chunk_bytes(cls, value: Any) -> int:
-        try:
-            nbytes = parse_bytes(value) if isinstance(value, str) else value
-        except ValueError:
-            nbytes = None
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 1:
-            raise ValueError(f"{value!r} is not a positive number of bytes (e.g. 16MiB)")
-        return nbytes
+        return _positive_bytes(value, "16MiB")
 
     @field_validator("host_threads", mode="before")
     @classmethod
@@ -102,6 +125,7 @@ class Settings(_Section):
     """Every ``mgpu.*`` key, checked: the value of :func:`load`."""
 
     cache_dir: str | None = None
+    io: Io = Io()
     recovery: Recovery = Recovery()
     transfer: Transfer = Transfer()
 

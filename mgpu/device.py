@@ -119,12 +119,24 @@ class Device:
             pending = self._local.copies = []
         pending.append((kind, begin, end))
 
-    def copy_seconds(self) -> dict[str, float]:
-        """DMA seconds per kind of the copies counted since the last call (waits for them)."""
-        import cupy
+    def count_read(self, kind: str, nbytes: int, seconds: float) -> None:
+        """Count a copy timed on the host (a KvikIO read, done when it returns)."""
+        self._count(kind, nbytes)
+        pending = getattr(self._local, "copies", None)
+        if pending is None:
+            pending = self._local.copies = []
+        pending.append((kind, seconds, None))
 
+    def copy_seconds(self) -> dict[str, float]:
+        """Seconds per kind of the copies counted since the last call (waits for them): a
+        staged copy's DMA time, a KvikIO read's wall time."""
         out = {"h2d": 0.0, "d2h": 0.0}
         for kind, begin, end in getattr(self._local, "copies", None) or []:
+            if end is None:
+                out[kind] += begin
+                continue
+            import cupy
+
             end.synchronize()
             out[kind] += cupy.cuda.get_elapsed_time(begin, end) / 1e3
         self._local.copies = []

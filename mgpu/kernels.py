@@ -19,6 +19,7 @@ __all__ = [
     "is_cupy",
     "matvec_f64",
     "random_block",
+    "random_pair_with_sums",
     "stream_key",
     "to_host",
 ]
@@ -86,18 +87,7 @@ def random_block(
     scale = 2.0 ** (1 - bits)
     if is_cupy(xp):
         out = xp.empty((h, w), dtype=dtype)
-        if out.size:
-            _cupy_random_kernel()(
-                np.uint64(key),
-                np.uint64(r0),
-                np.uint64(c0),
-                np.uint64(w),
-                np.uint64(h),
-                np.uint64(total_cols),
-                np.int32(64 - bits),
-                np.float64(scale),
-                out,
-            )
+        _cupy_random_fill(out, key, r0 * total_cols + c0, total_cols)
         return out
     g = (
         np.arange(r0, r1, dtype=np.uint64)[:, None] * np.uint64(total_cols)
@@ -110,36 +100,213 @@ def random_block(
     return ((z >> np.uint64(64 - bits)).astype(np.float64) * scale - 1.0).astype(dtype)
 
 
+# A launch covers at most this many elements of a row (a multiple of every vector width),
+# so every index inside a kernel is a 32-bit number: CuPy's elementwise kernels switch to
+# 64-bit index math past 2^31 elements, and a 2e9-element operand was written at 843 GB/s.
+_RANDOM_LAUNCH = 1 << 30
+
+_RANDOM_SOURCE = r"""
+#include <cuda_fp16.h>
+typedef unsigned long long u64;
+#define GAMMA 0x9E3779B97F4A7C15ULL
+
+// splitmix64's mix of z, shifted down to its top BITS bits. The last step, z ^= z >> 31,
+// cannot change the top 33 bits, so a value that needs no more of them skips it.
+template<int BITS> __device__ __forceinline__ u64 top_bits(u64 z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    if (BITS > 33) z ^= z >> 31;
+    return z >> (64 - BITS);
+}
+
+// top * 2^(1-BITS) - 1, exact in the dtype (as NumPy's float64 route is, then rounded).
+template<typename T> struct Value;
+template<> struct Value<float> {
+    static constexpr int BITS = 24;
+    static __device__ __forceinline__ float of(u64 z) {
+        return (float)(unsigned)top_bits<24>(z) * 0x1p-23f - 1.0f;
+    }
+};
+template<> struct Value<double> {
+    static constexpr int BITS = 53;
+    static __device__ __forceinline__ double of(u64 z) {
+        return (double)top_bits<53>(z) * 0x1p-52 - 1.0;
+    }
+};
+template<> struct Value<__half> {
+    static constexpr int BITS = 11;
+    static __device__ __forceinline__ __half of(u64 z) {
+        return __float2half_rn((float)(unsigned)top_bits<11>(z) * 0x1p-10f - 1.0f);
+    }
+};
+
+template<typename T, int VEC> struct alignas(sizeof(T) * VEC) Pack { T v[VEC]; };
+
+// Rows of a random operand's block: element (r, c) of out (row stride ld) is the operand's
+// element number g = g_first + r * total_cols + c. Each thread makes VEC neighbours of a
+// row, stepping z by GAMMA between them, and stores them at once (VEC > 1 only where
+// every row starts on a vector boundary).
+template<typename T, int VEC>
+__global__ void random_rows(T* __restrict__ out, u64 ld, u64 key, u64 g_first, u64 total_cols,
+                            unsigned width, unsigned height) {
+    const unsigned step = gridDim.x * blockDim.x * VEC;
+    const u64 z_step = (u64)step * GAMMA;
+    for (unsigned r = blockIdx.y; r < height; r += gridDim.y) {
+        T* row = out + (u64)r * ld;
+        unsigned c = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+        u64 z = key + (g_first + (u64)r * total_cols + c) * GAMMA;
+        for (; c + VEC <= width; c += step, z += z_step) {
+            Pack<T, VEC> p;
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) p.v[k] = Value<T>::of(z + (u64)k * GAMMA);
+            *reinterpret_cast<Pack<T, VEC>*>(row + c) = p;
+        }
+        for (unsigned k = 0; c + k < width && k < VEC; ++k) row[c + k] = Value<T>::of(z + (u64)k * GAMMA);
+    }
+}
+
+// Sum a value over the block; the total is valid in thread 0. Ends with a barrier so a
+// block may call it again (the shared scratch is reused).
+__device__ __forceinline__ double block_sum(double acc) {
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+    __shared__ double warp_sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) warp_sums[warp] = acc;
+    __syncthreads();
+    if (warp == 0) {
+        acc = lane < (blockDim.x >> 5) ? warp_sums[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+    }
+    __syncthreads();
+    return acc;
+}
+
+// Elements g_first .. g_first + n of two random vectors (keys kx, ky) into x and y, and,
+// from the values as they are made (not read back), sum(x*y) and sum|x*y| in float64:
+// partial[2b], partial[2b+1] for block b. A dot of x and y read from memory is checked
+// against these sums, so the check costs no pass over memory of its own.
+template<typename T, int VEC>
+__global__ void random_pair_sums(T* __restrict__ x, T* __restrict__ y, u64 kx, u64 ky, u64 g_first,
+                                 unsigned n, double* __restrict__ partial) {
+    const unsigned step = gridDim.x * blockDim.x * VEC;
+    const u64 z_step = (u64)step * GAMMA;
+    unsigned i = (blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    u64 zo = (g_first + i) * GAMMA;
+    double s = 0.0, a = 0.0;
+    for (; i + VEC <= n; i += step, zo += z_step) {
+        Pack<T, VEC> px, py;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            px.v[k] = Value<T>::of(kx + zo + (u64)k * GAMMA);
+            py.v[k] = Value<T>::of(ky + zo + (u64)k * GAMMA);
+            const double p = (double)px.v[k] * (double)py.v[k];
+            s += p;
+            a += fabs(p);
+        }
+        *reinterpret_cast<Pack<T, VEC>*>(x + i) = px;
+        *reinterpret_cast<Pack<T, VEC>*>(y + i) = py;
+    }
+    for (unsigned k = 0; i + k < n && k < VEC; ++k) {
+        const T xv = Value<T>::of(kx + zo + (u64)k * GAMMA), yv = Value<T>::of(ky + zo + (u64)k * GAMMA);
+        x[i + k] = xv;
+        y[i + k] = yv;
+        const double p = (double)xv * (double)yv;
+        s += p;
+        a += fabs(p);
+    }
+    s = block_sum(s);
+    a = block_sum(a);
+    if (threadIdx.x == 0) { partial[2 * blockIdx.x] = s; partial[2 * blockIdx.x + 1] = a; }
+}
+"""
+
+_RANDOM_C_TYPES = {"float16": ("__half", 8), "float32": ("float", 4), "float64": ("double", 2)}
+
+
 @functools.cache
-def _cupy_random_kernel() -> Any:
+def _cupy_random_module() -> Any:
     import cupy
 
-    return cupy.ElementwiseKernel(
-        "uint64 key, uint64 row0, uint64 col0, uint64 width, uint64 height, uint64 total_cols, "
-        "int32 shift, float64 scale",
-        "T out",
-        """
-        // The element's index in the whole operand. A block as wide as the operand (or
-        // one row of it) is contiguous there, so no 64-bit division is needed; 64-bit
-        // division costs more than the hash itself.
-        unsigned long long g;
-        if (width == total_cols || height == 1) {
-            g = row0 * total_cols + col0 + (unsigned long long)i;
-        } else if (width <= 0xffffffffULL && (unsigned long long)i <= 0xffffffffULL) {
-            unsigned int r = (unsigned int)i / (unsigned int)width;
-            g = (row0 + r) * total_cols + col0 + ((unsigned int)i - r * (unsigned int)width);
-        } else {
-            unsigned long long r = (unsigned long long)i / width;
-            g = (row0 + r) * total_cols + col0 + ((unsigned long long)i - r * width);
-        }
-        unsigned long long z = key + g * 0x9E3779B97F4A7C15ULL;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-        z ^= z >> 31;
-        out = (T)((double)(z >> shift) * scale - 1.0);
-        """,
-        "mgpu_random_block",
-    )
+    names = [f"{k}<{c}, {v}>" for c, v in _RANDOM_C_TYPES.values() for k in ("random_rows", "random_pair_sums")]
+    names += [f"{k}<{c}, 1>" for c, _ in _RANDOM_C_TYPES.values() for k in ("random_rows", "random_pair_sums")]
+    return cupy.RawModule(code=_RANDOM_SOURCE, options=("-std=c++17",), name_expressions=names)
+
+
+def _cupy_random_fill(out: Any, key: int, g_first: int, total_cols: int) -> None:
+    """Fill the C-contiguous 2-D ``out`` with a random operand's block whose element (0, 0)
+    is the operand's element number ``g_first`` (row length ``total_cols``)."""
+    import cupy
+
+    h, w = out.shape
+    if out.size == 0:
+        return
+    if w == total_cols or h == 1:  # contiguous in the operand: one row of h * w elements
+        h, w = 1, h * w
+    c_type, vec = _RANDOM_C_TYPES[str(out.dtype)]
+    if (h > 1 and w % vec) or out.data.ptr % 16:  # rows that do not start on a vector boundary
+        vec = 1
+    kernel = _cupy_random_module().get_function(f"random_rows<{c_type}, {vec}>")
+    threads = 256
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    flat = out.reshape(-1)
+    # Column pieces of at most _RANDOM_LAUNCH elements, so every index in the kernel fits
+    # 32 bits; at most 65535 rows a launch (the grid's y limit), the kernel strides over more.
+    for c0 in range(0, w, _RANDOM_LAUNCH):
+        width = min(_RANDOM_LAUNCH, w - c0)
+        rows = min(h, 65535)
+        # About 16 blocks of 256 threads a multiprocessor; each thread makes several vectors.
+        blocks_x = max(1, min(-(-width // (vec * threads)), -(-sms * 16 // rows)))
+        kernel(
+            (blocks_x, rows),
+            (threads,),
+            (
+                flat[c0:],
+                np.uint64(w),
+                np.uint64(key),
+                np.uint64(g_first + c0),
+                np.uint64(total_cols),
+                np.uint32(width),
+                np.uint32(h),
+            ),
+        )
+
+
+def random_pair_with_sums(
+    xp: Any, *, seed: int, operands: tuple[int, int], elements: tuple[int, int], dtype: Any
+) -> tuple[Any, Any, Any]:
+    """Elements ``elements`` of two random vectors of ``seed`` (operand numbers ``operands``),
+    as :func:`random_block` makes them, and ``[sum(x*y), sum|x*y|]`` in float64 (an array
+    of ``xp``: read it once the stream is done anyway).
+
+    On a GPU one kernel makes x and y and sums their products as it goes, so the sums cost
+    no pass over x and y of their own; on a CPU they are :func:`dot_check`'s.
+    """
+    lo, hi = elements
+    if not is_cupy(xp):
+        kw = dict(seed=seed, rows=(0, 1), cols=elements, total_cols=hi, dtype=dtype)
+        x = random_block(xp, operand=operands[0], **kw).reshape(-1)
+        y = random_block(xp, operand=operands[1], **kw).reshape(-1)
+        return x, y, np.array(dot_check(xp, x, y))
+    import cupy
+
+    dtype = np.dtype(dtype)
+    n = hi - lo
+    x, y = cupy.empty(n, dtype), cupy.empty(n, dtype)
+    c_type, vec = _RANDOM_C_TYPES[dtype.name]
+    kernel = _cupy_random_module().get_function(f"random_pair_sums<{c_type}, {vec}>")
+    threads = 256
+    blocks = cupy.cuda.Device().attributes["MultiProcessorCount"] * 16
+    pieces = range(0, n, _RANDOM_LAUNCH)
+    partial = cupy.zeros((len(pieces), blocks, 2), dtype=cupy.float64)
+    kx, ky = (np.uint64(stream_key(seed, op)) for op in operands)
+    for p, start in enumerate(pieces):
+        count = min(_RANDOM_LAUNCH, n - start)
+        kernel(
+            (min(blocks, max(1, -(-count // (vec * threads)))),),
+            (threads,),
+            (x[start:], y[start:], kx, ky, np.uint64(lo + start), np.uint32(count), partial[p]),
+        )
+    return x, y, partial.sum(axis=(0, 1))
 
 
 def dot_f64(xp: Any, x: Any, y: Any) -> float:

@@ -93,7 +93,16 @@ class Pcie(BaseModel):
 
     bytes: int  # moved in this run, both directions, all devices
     minimum_bytes: int  # every input read once and the output written once
-    naive_bytes: int | None = None  # had each tile read its own inputs over PCIe
+    naive_bytes: int | None = None  # had each tile read its own inputs over PCIe (streamed: what the plan moves)
+    budget_minimum_bytes: int | None = None  # the fewest any schedule could move under the budget
+
+
+class Phase(BaseModel):
+    """One step of every tile (a dot's generation, reduction or check), over all devices."""
+
+    seconds: float  # device time, the busiest device's sum
+    bytes: int  # all devices
+    gbps: float | None  # bytes over seconds
 
 
 class Recovery(BaseModel):
@@ -123,6 +132,7 @@ class Result(BaseModel):
     recovery: Recovery = Recovery()
     startup: Startup | None = None
     pcie: Pcie | None = None
+    phases: dict[str, Phase] = {}
 
 
 def build_result(
@@ -206,6 +216,7 @@ def build_result(
             bytes=sum(d.bytes_h2d + d.bytes_d2h for d in rows),
             minimum_bytes=host_bytes,
             naive_bytes=workload.naive_host_bytes(plan),
+            budget_minimum_bytes=workload.budget_host_bytes(plan),
         )
 
     return Result(
@@ -218,7 +229,14 @@ def build_result(
         wall_s=wall_s,
         compute_s=compute_s,
         throughput=throughput,
-        roofline=_roofline(throughput, workload.ceiling(), ceilings or {}, work / workload.unit_scale, host_bytes),
+        roofline=_roofline(
+            throughput,
+            workload.ceiling(),
+            ceilings or {},
+            work / workload.unit_scale,
+            host_bytes,
+            workload.bound_note(),
+        ),
         per_device=rows,
         spill=Spill(events=sum(r.spill_events for r in records), bytes=sum(r.spill_bytes for r in records)),
         verify=verify,
@@ -234,7 +252,24 @@ def build_result(
         recovery=recovery or Recovery(),
         startup=startup,
         pcie=pcie,
+        phases=_phases(records),
     )
+
+
+def _phases(records: list[TileRecord]) -> dict[str, Phase]:
+    """Each phase the tiles report (``extra["phases"]``): bytes summed, seconds the busiest
+    device's."""
+    seconds: dict[str, dict[tuple[str, int], float]] = defaultdict(lambda: defaultdict(float))
+    nbytes: dict[str, int] = defaultdict(int)
+    for r in records:
+        for name, p in r.extra.get("phases", {}).items():
+            seconds[name][(r.worker, r.device)] += p["seconds"]
+            nbytes[name] += p["bytes"]
+    out = {}
+    for name, per_device in seconds.items():
+        s = max(per_device.values())
+        out[name] = Phase(seconds=s, bytes=nbytes[name], gbps=nbytes[name] / s / 1e9 if s > 0 else None)
+    return out
 
 
 def _rate(nbytes: int, seconds: float) -> float | None:
@@ -260,11 +295,13 @@ def _roofline(
     ceilings: dict[str, dict[str, float]],
     work: float = 0.0,
     host_bytes: int | None = None,
+    note: str | None = None,
 ) -> Roofline | None:
     """The summed single-device ceilings of every worker, and the share the run reached.
 
     With ``host_bytes`` (inputs or outputs on the host), the bound is the slower of the
     compute at that rate and those bytes over the summed pinned host->device rate.
+    ``note`` (the workload's :meth:`~mgpu.workloads.base.Workload.bound_note`) joins the basis.
     """
     rates = [c[key] for c in ceilings.values() if key in c]
     if not rates or len(rates) != len(ceilings):
@@ -278,6 +315,8 @@ def _roofline(
             limit, basis = work / pcie_s, f"{len(rates)} x h2d_pinned for {format_bytes(host_bytes)} over PCIe"
         else:
             basis += f" (PCIe for {format_bytes(host_bytes)} would take {pcie_s:.3g} s, compute {compute_s:.3g} s)"
+    if note:
+        basis += f"; {note}"
     return Roofline(limit=limit, fraction=throughput.value / limit, basis=basis)
 
 
@@ -307,6 +346,14 @@ def print_result(result: Result, console: Console) -> None:
             f"{result.throughput.unit} ({result.roofline.basis})",
         )
     table.add_row("compute / wall", f"{result.compute_s:.3f} s / {result.wall_s:.3f} s")
+    if result.phases:
+        table.add_row(
+            "phases",
+            ", ".join(
+                f"{name} {p.seconds * 1e3:.3g} ms" + (f" ({p.gbps:.4g} GB/s)" if p.gbps else "")
+                for name, p in result.phases.items()
+            ),
+        )
     if result.startup:
         st = result.startup
         first = f", first tile {st.first_tile_s:.2f} s" if st.first_tile_s is not None else ""
@@ -327,9 +374,15 @@ def print_result(result: Result, console: Console) -> None:
         naive = (
             f", {format_bytes(result.pcie.naive_bytes)} if every tile read its own" if result.pcie.naive_bytes else ""
         )
+        within = (
+            f" ({format_bytes(result.pcie.budget_minimum_bytes)} under the budget)"
+            if result.pcie.budget_minimum_bytes
+            else ""
+        )
         table.add_row(
             "PCIe",
-            f"{format_bytes(result.pcie.bytes)} moved; at least {format_bytes(result.pcie.minimum_bytes)}{naive}",
+            f"{format_bytes(result.pcie.bytes)} moved; at least {format_bytes(result.pcie.minimum_bytes)}"
+            f"{within}{naive}",
         )
     if result.spill.events:
         table.add_row(

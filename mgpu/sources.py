@@ -1,8 +1,8 @@
 """Inputs and outputs of tiles, read and written by the workers themselves.
 
 Sources: counter-based random operands (any block, regenerated anywhere, the same
-values on CPU and GPU) and ``.npy`` files, read on GPUs with ``pread`` or through memory
-maps (``mgpu.transfer.read``) and on CPUs through memory maps. Sinks: an ``.npy``
+values on CPU and GPU) and ``.npy`` files, read on GPUs by KvikIO (whole rows) or
+through memory maps (column blocks; ``mgpu.io.read``) and on CPUs through memory maps. Sinks: an ``.npy``
 that the client creates empty under a temporary name, the workers fill tile by tile,
 and the client renames once the job has passed, so a failed or cancelled job leaves
 nothing under the output's name.
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from . import kernels, transfer
+from . import io, kernels, transfer
 from .device import Device
 from .errors import JobInputError
 
@@ -107,25 +107,63 @@ class NpySource:
         mm = np.load(self.info.path, mmap_mode="r")
         return mm[rows[0] : rows[1]] if cols is None else mm[rows[0] : rows[1], cols[0] : cols[1]]
 
-    def _block(self, dev: Device, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> Any:
-        """What :func:`mgpu.transfer.load` reads the block from: on a GPU the file itself
-        (where :func:`mgpu.transfer.read_method` says pread and the file's bytes are the
-        array's), else :meth:`view` (on a CPU the copy from the map is all the read there is)."""
-        width = self.info.shape[1] if len(self.info.shape) == 2 else None
-        contiguous = cols is None or width is None or (cols[0], cols[1]) == (0, width)
-        if transfer.read_method(contiguous) == "pread" and dev.is_gpu and self.info.offset is not None:
-            return transfer.FileBlock(
-                self.info.path, self.info.offset, self.info.shape, np.dtype(self.info.dtype), rows, cols
+    def kvikio_range(self, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> tuple[int, int] | None:
+        """``(offset, bytes)`` of the block in the file where a GPU reads it with KvikIO
+        (see :func:`mgpu.io.read_method`: the block is one range of the file and the file's
+        bytes are the array's); else None."""
+        info = self.info
+        width = info.shape[1] if len(info.shape) == 2 else 1
+        contiguous = cols is None or (cols[0], cols[1]) == (0, width)
+        if info.offset is None or io.read_method(contiguous) != "kvikio":
+            return None
+        if not contiguous:
+            raise ValueError(
+                f"mgpu.io.read: kvikio reads whole rows only; {info.path!r} columns {cols[0]}:{cols[1]} "
+                "are a block of many ranges (use auto or mmap)"
             )
-        return self.view(rows, cols)
+        itemsize = np.dtype(info.dtype).itemsize
+        return info.offset + rows[0] * width * itemsize, (rows[1] - rows[0]) * width * itemsize
+
+    def warm_up(self, *, contiguous: bool) -> None:
+        """On a GPU worker, make what the first read of a block of this file (whole rows or
+        not) would otherwise pay for: KvikIO's pool and bounce buffers, or the stager's
+        pinned buffers (32 cudaHostAlloc calls, two a host thread)."""
+        where = self.kvikio_range((0, self.info.shape[0]), None) if contiguous else None
+        if where is None:
+            transfer.ready_buffers()
+        else:
+            io.warm_up(self.info.path, *where)
 
     def read(self, dev: Device, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> Any:
-        """The block on ``dev``, staged through pinned memory (see :mod:`mgpu.transfer`)."""
-        return transfer.load(dev, self._block(dev, rows, cols))
+        """The block on ``dev`` (see :meth:`read_into`)."""
+        if not dev.is_gpu:
+            return np.ascontiguousarray(self.view(rows, cols))
+        width = self.info.shape[1] if len(self.info.shape) == 2 else None
+        shape: tuple[int, ...] = (rows[1] - rows[0],)
+        if width is not None:
+            c0, c1 = cols or (0, width)
+            shape = (rows[1] - rows[0], c1 - c0)
+        with dev.on_stream():
+            out = dev.xp.empty(shape, self.info.dtype)
+        self.read_into(dev, out, rows, cols)
+        return out
 
     def read_into(self, dev: Device, out: Any, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> None:
-        """The block into ``out``, a C-contiguous array of its shape on ``dev``."""
-        transfer.load(dev, self._block(dev, rows, cols), out)
+        """The block into ``out``, a C-contiguous array of its shape on ``dev``.
+
+        On a GPU, a block that is one range of the file is read by KvikIO, after a wait
+        for this thread's stream (the last user of ``out``'s memory: KvikIO copies on
+        streams of its own); any other block is copied from a memory map through pinned
+        buffers (:mod:`mgpu.transfer`), in order on the stream. On a CPU the copy from the
+        map is all the read there is.
+        """
+        where = self.kvikio_range(rows, cols) if dev.is_gpu else None
+        if where is None:
+            transfer.load(dev, self.view(rows, cols), out)
+            return
+        dev.synchronize()
+        seconds = io.read(self.info.path, where[0], out)
+        dev.count_read("h2d", where[1], seconds)
 
 
 def check_output_path(path: str | Path, *, key: str, suffix: str, force: bool) -> str:
@@ -184,6 +222,23 @@ class NpySink:
         else:
             transfer.store(dev, mm[index], block)
         del mm
+
+    def allocate(self, rows: tuple[int, int]) -> None:
+        """Give rows ``rows`` of the file their pages now, where the file system can
+        (``posix_fallocate``): written later, they are copied into pages already there
+        rather than each faulted in (and zeroed) as the copy reaches it."""
+        try:
+            offset = np.load(self.partial, mmap_mode="r").offset
+            row = int(np.prod(self.shape[1:], dtype=np.int64)) * np.dtype(self.dtype).itemsize
+            fd = os.open(self.partial, os.O_RDWR)
+        except (FileNotFoundError, ValueError):
+            return  # gone: the job was given up
+        try:
+            os.posix_fallocate(fd, offset + rows[0] * row, (rows[1] - rows[0]) * row)
+        except OSError:
+            pass  # not on this file system: the pages come as they are written
+        finally:
+            os.close(fd)
 
     def commit(self) -> None:
         """Publish the finished file under its name (or drop it if it was scratch)."""

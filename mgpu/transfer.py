@@ -11,11 +11,10 @@ thread waits for another between chunks: with a barrier per chunk (every thread 
 a slice of one chunk, then all waiting for the DMA) a worker moved 12 GB/s, where the
 same threads copying on their own move 35-55.
 
-A block of an ``.npy`` file may also be given as a :class:`FileBlock`: each thread then
-reads its chunk from the file with ``pread`` straight into its buffer, with no memory map
-and no page faults (``mgpu.transfer.read``). That wins for whole rows of the file, one
-read per chunk; a column block needs one read per row, and there copying from a memory
-map is faster (see :func:`read_method`).
+Whole rows of an ``.npy`` file go to a GPU through KvikIO instead (:mod:`mgpu.io`);
+what comes here from a file is a column block, copied from a memory map of it (36 GB/s
+into an H200, where KvikIO reading it row by row moved 1.9), and the output tiles that
+go back into an ``.npy``'s memory map.
 
 Work enqueued on the task's stream after :meth:`Stager.load` returns sees the data. On
 CPU workers there is nothing to stage: the copies are plain NumPy.
@@ -27,19 +26,19 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from . import config
 
-__all__ = ["FileBlock", "Stager", "chunk_size", "load", "ready_buffers", "read_method", "store"]
+__all__ = ["Stager", "chunk_size", "load", "ready_buffers", "store"]
 
 BUFFERS = 2  # per host thread: one being filled while the other's DMA runs
 _PARALLEL_BYTES = 4 << 20  # below this a chunk is copied by the task's own thread
 
 _POOL: ThreadPoolExecutor | None = None
+_STORE_POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 _LOCAL = threading.local()
 
@@ -48,43 +47,34 @@ def host_threads() -> int:
     """Host copy threads per worker (``mgpu.transfer.host-threads``; ``auto``, the default:
     half the cores this process may use, at least 2, at most 16).
 
-    On the H200 hosts measured (benchmarks/host_io.py, a fresh map of a file in the page
-    cache into pinned memory), one thread moves 7-9 GB/s, 8 move 35-46 and 16 move 45-55,
-    with two processes (two workers) copying at once.
+    On the H200 hosts measured (a fresh map of a file in the page cache into pinned
+    memory), one thread moves 7-9 GB/s, 8 move 35-46 and 16 move 45-55, with two
+    processes (two workers) copying at once.
     """
     n = config.load().transfer.host_threads
     return min(16, max(2, len(os.sched_getaffinity(0)) // 2)) if n == "auto" else n
-
-
-def read_method(contiguous: bool = True) -> str:
-    """How GPU workers read a block of an ``.npy`` input: ``"pread"``, from the file
-    straight into the pinned buffers, or ``"mmap"``, copied from a memory map of the file.
-
-    ``mgpu.transfer.read`` picks one for every block, or ``"auto"`` (the default): pread
-    for a block that is contiguous in the file (whole rows, or a range of a vector), a
-    memory map for a column block. In the out-of-core matmul on two H200 workers (session
-    7) pread moved whole rows at 22-32 GB/s and B's column panels (a read per 96 KiB row)
-    at 7-10 GB/s; copied from a map, those panels moved 13-17 GB/s.
-    """
-    method = config.load().transfer.read
-    if method == "auto":
-        return "pread" if contiguous else "mmap"
-    return method
 
 
 def chunk_size() -> int:
     """Bytes per staged chunk, one DMA (``mgpu.transfer.chunk-bytes``, by default 16 MiB:
     long enough to run at the full PCIe rate, ~0.3 ms).
 
-    Reading a dot's files on two H200 workers (session 8), 16, 32 and 64 MiB moved the same
+    Reading a dot's files on two H200 workers, 16, 32 and 64 MiB moved the same
     (42-45 GB/s in all); 4 MiB lost a quarter and 1 MiB four fifths (a chunk's own cost).
     """
     return config.load().transfer.chunk_bytes
 
 
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
+def _pool(kind: str = "h2d") -> ThreadPoolExecutor:
+    """The worker's host threads for copies of one direction. Stores have threads of their
+    own: a load queued behind a long store (an output band written while the next band's
+    blocks are read) would otherwise wait for all of it."""
+    global _POOL, _STORE_POOL
     with _POOL_LOCK:
+        if kind == "d2h":
+            if _STORE_POOL is None:
+                _STORE_POOL = ThreadPoolExecutor(host_threads(), thread_name_prefix="mgpu-host-store")
+            return _STORE_POOL
         if _POOL is None:
             _POOL = ThreadPoolExecutor(host_threads(), thread_name_prefix="mgpu-host-copy")
         return _POOL
@@ -104,78 +94,12 @@ def host_copy(dst: np.ndarray, src: np.ndarray) -> None:
     list(_pool().map(lambda b: np.copyto(dst[b[0] : b[1]], src[b[0] : b[1]]), bounds))
 
 
-@dataclass(frozen=True)
-class FileBlock:
-    """Block ``[rows, cols]`` of a C-ordered array whose data starts at byte ``offset`` of
-    the file ``path`` (an ``.npy``'s), for :meth:`Stager.load` to read with ``pread``.
-
-    For a 1-D array ``rows`` is the element range; ``cols`` None means every column.
-    """
-
-    path: str
-    offset: int
-    file_shape: tuple[int, ...]
-    dtype: np.dtype
-    rows: tuple[int, int]
-    cols: tuple[int, int] | None = None
-
-    @property
-    def ndim(self) -> int:
-        return len(self.file_shape)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        n = self.rows[1] - self.rows[0]
-        if self.ndim == 1:
-            return (n,)
-        c0, c1 = self.cols or (0, self.file_shape[1])
-        return (n, c1 - c0)
-
-    def as_column(self) -> FileBlock:
-        """A 1-D block as a block of one column (a 1-D file is laid out as N x 1)."""
-        return replace(self, file_shape=(self.file_shape[0], 1), cols=(0, 1))
-
-    def __getitem__(self, rows: slice) -> FileBlock:
-        """Rows ``rows.start:rows.stop`` of the block (the only indexing the stager does)."""
-        return replace(self, rows=(self.rows[0] + rows.start, self.rows[0] + rows.stop))
-
-    def fill(self, buf: np.ndarray, fd: int) -> None:
-        """Fill ``buf`` (C-contiguous, of the block's shape) from ``fd``, the open file: one
-        read for rows that are contiguous in the file, else one read per row."""
-        width = self.file_shape[1] if self.ndim == 2 else 1
-        c0, c1 = self.cols or (0, width)
-        itemsize = self.dtype.itemsize
-        start = self.offset + (self.rows[0] * width + c0) * itemsize
-        out = memoryview(buf.reshape(-1).view(np.uint8))
-        if c1 - c0 == width:
-            _pread_exactly(fd, out, start, self.path)
-            return
-        n = (c1 - c0) * itemsize
-        for i in range(self.rows[1] - self.rows[0]):
-            _pread_exactly(fd, out[i * n : (i + 1) * n], start + i * width * itemsize, self.path)
-
-
-def _pread_exactly(fd: int, out: memoryview, offset: int, path: str) -> None:
-    """Fill ``out`` with the bytes of ``fd`` from ``offset``; a read may return fewer bytes
-    than asked (a signal, a read over 2 GiB), so read until they are all in."""
-    done = 0
-    while done < len(out):
-        n = os.preadv(fd, [out[done:]], offset + done)
-        if n == 0:
-            raise EOFError(
-                f"{path} is truncated: it ends at byte {offset + done}, short of the data its header describes"
-            )
-        done += n
-
-
 def _rows(a: Any) -> Any:
-    """View a 1-D array (or file block) as one column, so that every copy below is by rows."""
-    if a.ndim != 1:
-        return a
-    return a.as_column() if isinstance(a, FileBlock) else a.reshape(-1, 1)
+    """View a 1-D array as one column, so that every copy below is by rows."""
+    return a.reshape(-1, 1) if a.ndim == 1 else a
 
 
-def chunk_rows(shape: tuple[int, int], itemsize: int, chunk_bytes: int) -> list[tuple[int, int]]:
+def chunk_rows(shape: tuple[int, int], itemsize: int, chunk_bytes: int = 16 << 20) -> list[tuple[int, int]]:
     """Row ranges of at most ``chunk_bytes`` each (at least one row) covering ``shape[0]`` rows."""
     rows, cols = shape
     per = max(1, chunk_bytes // max(1, cols * itemsize))
@@ -222,9 +146,9 @@ def _buffers(nbytes: int) -> _Buffers:
     return b
 
 
-def ready_buffers(nbytes: int | None = None, timeout: float = 10.0) -> None:
+def ready_buffers(nbytes: int | None = None, timeout: float = 10.0, kind: str = "h2d") -> None:
     """Make every host thread's pinned buffers (of ``nbytes`` each, by default
-    :func:`chunk_size`) now, ahead of a job.
+    :func:`chunk_size`) now, ahead of a job; ``kind`` "d2h" for the store threads'.
 
     One task per pool thread, each held at a barrier until all have made theirs, so that
     no thread takes two tasks and none is left without. A barrier not met in ``timeout``
@@ -241,7 +165,7 @@ def ready_buffers(nbytes: int | None = None, timeout: float = 10.0) -> None:
         except threading.BrokenBarrierError:
             pass
 
-    for f in [_pool().submit(one) for _ in range(n)]:
+    for f in [_pool(kind).submit(one) for _ in range(n)]:
         f.result()
 
 
@@ -262,30 +186,19 @@ class Stager:
         self.dev = dev
         self.chunk_bytes = chunk_bytes or chunk_size()
 
-    def load(self, dst: Any, src: np.ndarray | FileBlock, stream: Any = None) -> int:
-        """Copy host ``src`` (any strides, or a :class:`FileBlock`) into device ``dst``
+    def load(self, dst: Any, src: np.ndarray, stream: Any = None) -> int:
+        """Copy host ``src`` (any strides: a block of a memory map) into device ``dst``
         (C-contiguous, same shape).
 
         The DMAs go on ``stream`` (the thread's own by default) and are not waited for:
         work enqueued after them on that stream sees the data. Returns the bytes copied.
         """
-        if isinstance(src, FileBlock) and src.dtype != np.dtype(dst.dtype):
-            raise ValueError(f"load: {src.path} holds {src.dtype}, the device array is {dst.dtype}")
-        # One descriptor for the whole load, shared by the host threads: pread takes its offset.
-        fd = os.open(src.path, os.O_RDONLY) if isinstance(src, FileBlock) else None
 
-        def move(buf: np.ndarray, rows: Any, ptr: int, stream: Any) -> tuple[Any, Any]:
-            if fd is None:
-                np.copyto(buf, rows)
-            else:
-                rows.fill(buf, fd)
+        def move(buf: np.ndarray, rows: np.ndarray, ptr: int, stream: Any) -> tuple[Any, Any]:
+            np.copyto(buf, rows)
             return _dma("h2d", ptr, buf.ctypes.data, buf.nbytes, stream)
 
-        try:
-            return self._each_chunk("h2d", src, dst, stream, move)
-        finally:
-            if fd is not None:
-                os.close(fd)
+        return self._each_chunk("h2d", src, dst, stream, move)
 
     def store(self, dst: np.ndarray, src: Any, stream: Any = None) -> int:
         """Copy device ``src`` (C-contiguous) into host ``dst`` (any strides, same shape).
@@ -337,7 +250,8 @@ class Stager:
             buffers.release(i, end if kind == "h2d" else None)
             return buf.nbytes, begin, end
 
-        chunks = [_pool().submit(one, rows) for rows in chunk_rows(dev2.shape, dtype.itemsize, self.chunk_bytes)]
+        pool = _pool(kind)
+        chunks = [pool.submit(one, rows) for rows in chunk_rows(dev2.shape, dtype.itemsize, self.chunk_bytes)]
         # Every chunk ends before any error is raised: none may still use the caller's file
         # descriptor or arrays once they are let go.
         wait(chunks)
@@ -358,9 +272,8 @@ def _dma(kind: str, dst: int, src: int, nbytes: int, stream: Any) -> tuple[Any, 
     return begin, end
 
 
-def load(dev: Any, src: np.ndarray | FileBlock, out: Any = None) -> Any:
-    """``src`` (host, any strides; or, on a GPU, a :class:`FileBlock`) on ``dev``: into
-    ``out`` if given, else a new array."""
+def load(dev: Any, src: np.ndarray, out: Any = None) -> Any:
+    """``src`` (host, any strides) on ``dev``: into ``out`` if given, else a new array."""
     if not dev.is_gpu:
         if out is None:
             return np.ascontiguousarray(src)

@@ -62,14 +62,15 @@ KEYS = _yaml_keys(DEFAULTS["mgpu"], "mgpu")
 
 def test_the_yaml_the_schema_and_the_settings_hold_the_same_keys():
     assert KEYS == _schema_keys(SCHEMA["properties"]["mgpu"], "mgpu") == _model_keys(config.Settings, "mgpu")
-    assert {"mgpu.transfer.read", "mgpu.transfer.chunk-bytes", "mgpu.transfer.host-threads"} <= KEYS
+    assert {"mgpu.io.read", "mgpu.io.threads", "mgpu.io.task-size", "mgpu.transfer.chunk-bytes"} <= KEYS
+    assert {"mgpu.transfer.host-threads"} <= KEYS
 
 
 def test_every_key_in_the_schema_is_described_and_the_defaults_fit_it():
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.validate(DEFAULTS, SCHEMA)
-    transfer = SCHEMA["properties"]["mgpu"]["properties"]["transfer"]["properties"]
-    assert tuple(transfer["read"]["enum"]) == config.READ_METHODS
+    io = SCHEMA["properties"]["mgpu"]["properties"]["io"]["properties"]
+    assert tuple(io["read"]["enum"]) == config.READ_METHODS
     with pytest.raises(jsonschema.ValidationError):  # the schema does say what may not be
         jsonschema.validate({"mgpu": {"transfer": {"chunk-byte": 1}}}, SCHEMA)
 
@@ -143,11 +144,14 @@ BAD = [
     ("transfer.chunk-bytes", 1.5, "mgpu.transfer.chunk-bytes: 1.5 is not a positive number of bytes"),
     ("transfer.host-threads", 0, "mgpu.transfer.host-threads: 0 is not a positive whole number or auto"),
     ("transfer.host-threads", None, "mgpu.transfer.host-threads: None is not a positive whole number or auto"),
-    ("transfer.read", "mapped", "mgpu.transfer.read: 'mapped' is not one of auto, pread, mmap"),
+    ("io.read", "mapped", "mgpu.io.read: 'mapped' is not one of auto, kvikio, mmap"),
+    ("io.threads", 0, "mgpu.io.threads: 0 is not a positive whole number"),
+    ("io.task-size", "big", "mgpu.io.task-size: 'big' is not a positive number of bytes"),
+    ("transfer.read", "pread", "mgpu.transfer.read: mgpu has no such setting; it has mgpu.transfer.chunk-bytes,"),
     ("recovery.wait-for-workers", "soon", "mgpu.recovery.wait-for-workers: 'soon' is not a length of time"),
     ("recovery.wait-for-workers", -1, "mgpu.recovery.wait-for-workers: -1 is not a length of time"),
     ("cache-dir", 3, "mgpu.cache-dir: 3 is not a folder"),
-    ("transfer.chunk-byte", 1, "mgpu.transfer.chunk-byte: mgpu has no such setting; it has mgpu.transfer.read,"),
+    ("transfer.chunk-byte", 1, "mgpu.transfer.chunk-byte: mgpu has no such setting; it has mgpu.transfer.chunk-bytes,"),
     ("transfer", "fast", "mgpu.transfer: 'fast' is not a mapping of settings"),
 ]
 

@@ -41,6 +41,40 @@ def test_random_block_is_bit_identical_on_gpu(dtype, rows, cols, total):
     np.testing.assert_array_equal(_bits(gpu), _bits(cpu))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize(
+    "rows,cols,total",
+    [
+        ((3, 17), (5, 1000), 1013),  # rows of 995: no vector stores
+        ((2, 40), (8, 1008), 1100),  # rows of 1000: vector stores
+        ((0, 1), (3, 5001), 5001),  # one row, unaligned length: a vector tail
+        ((7, 9), (0, 5000), 5000),  # full width
+    ],
+)
+def test_random_block_launched_in_pieces_is_bit_identical(monkeypatch, dtype, rows, cols, total):
+    # Pieces of 2^30 elements keep the kernel's index math 32-bit; 512-element pieces here
+    # run the same splitting at a size NumPy can check.
+    monkeypatch.setattr(kernels, "_RANDOM_LAUNCH", 512)
+    kw = dict(seed=11, operand=0, rows=rows, cols=cols, total_cols=total, dtype=dtype)
+    np.testing.assert_array_equal(
+        _bits(cupy.asnumpy(kernels.random_block(cupy, **kw))), _bits(kernels.random_block(np, **kw))
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("elements,launch", [((0, 100_003), 1 << 30), ((777, 50_000), 4096)])
+def test_random_pair_makes_the_vectors_and_sums_their_products(monkeypatch, dtype, elements, launch):
+    monkeypatch.setattr(kernels, "_RANDOM_LAUNCH", launch)
+    kw = dict(seed=4, operands=(0, 1), elements=elements, dtype=dtype)
+    x, y, sums = kernels.random_pair_with_sums(cupy, **kw)
+    cx, cy, csums = kernels.random_pair_with_sums(np, **kw)
+    np.testing.assert_array_equal(_bits(cupy.asnumpy(x)), _bits(cx))
+    np.testing.assert_array_equal(_bits(cupy.asnumpy(y)), _bits(cy))
+    # The same products, grouped otherwise: float64 rounding apart only.
+    np.testing.assert_allclose(cupy.asnumpy(sums), csums, rtol=1e-12)
+    assert csums[1] > abs(csums[0]) > 0
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_mandelbrot_counts_match_numpy_exactly(dtype):
     # A window on the boundary, where any rounding difference would change counts.
@@ -165,6 +199,10 @@ def test_dot_on_cuda_cluster(dtype):
     want = float(np.dot(x.ravel().astype(np.float64), y.ravel().astype(np.float64)))
     assert result.status == "ok" and result.verify.passed
     assert abs(result.value - want) <= 1e-12 * n
+    # Made on the device and reduced: both steps timed apart, each over x and y's bytes.
+    nbytes = 2 * n * np.dtype(dtype).itemsize
+    assert set(result.phases) == {"generate", "reduce"}
+    assert all(p.bytes == nbytes and p.seconds > 0 for p in result.phases.values())
 
 
 def test_mandelbrot_on_cuda_cluster_equals_cpu_backend(tmp_path):
@@ -495,6 +533,32 @@ def test_staged_copies_round_trip_strided_blocks_through_a_small_ring():
     assert seconds["h2d"] > 0 and seconds["d2h"] > 0
 
 
+def test_npy_blocks_reach_the_gpu_by_kvikio_and_through_the_map(tmp_path):
+    import dask.config
+
+    pytest.importorskip("kvikio")
+    from mgpu.device import Device, DeviceFacts
+    from mgpu.sources import NpySource, inspect_npy
+
+    dev = Device(
+        "cuda", cupy, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"), new_stream=lambda: cupy.cuda.Stream(non_blocking=True)
+    )
+    data = np.random.default_rng(2).standard_normal((3001, 517)).astype(np.float32)
+    np.save(tmp_path / "a.npy", data)
+    src = NpySource(inspect_npy(tmp_path / "a.npy", key="a"))
+    with dask.config.set({"mgpu.io.task-size": "64KiB", "mgpu.io.threads": 4}):  # many tasks a read
+        rows = src.read(dev, (17, 2999))
+        block = src.read(dev, (5, 3000), (3, 500))
+        with dev.on_stream():
+            doubled = rows * 2
+        src.read_into(dev, rows, (0, 2982))  # after the product that reads it, not before
+    np.testing.assert_array_equal(cupy.asnumpy(doubled), 2 * data[17:2999])
+    np.testing.assert_array_equal(cupy.asnumpy(rows), data[:2982])
+    np.testing.assert_array_equal(cupy.asnumpy(block), data[5:3000, 3:500])
+    assert dev.bytes_h2d == 2 * rows.nbytes + block.nbytes
+    assert dev.copy_seconds()["h2d"] > 0
+
+
 @pytest.mark.multi_gpu(2)
 def test_distributed_matmul_from_files_writes_the_product_and_counts_pcie(tmp_path):
     m, k, n = 3000, 2500, 2100
@@ -516,6 +580,59 @@ def test_distributed_matmul_from_files_writes_the_product_and_counts_pcie(tmp_pa
     assert result.pcie.bytes == result.pcie.minimum_bytes == 4 * (m * k + k * n + m * n)
     assert all(d.bytes_d2d == k * (n // 2) * 4 for d in result.per_device)
     assert all(d.h2d_gbps and d.d2h_gbps for d in result.per_device)
+
+
+@pytest.mark.parametrize("limit", ["1GB", "80MB"])  # all of C kept; panels of it
+def test_streamed_matmul_from_files_on_one_gpu(tmp_path, limit):
+    from mgpu.workloads.matmul import stream as matmul_stream
+
+    m, k, n = 3000, 5000, 2100  # k in 3 blocks of B: the last blocks are finished band by band
+    rng = np.random.default_rng(6)
+    a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    out = tmp_path / "c.npy"
+    params = {
+        "input": {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")},
+        "output": str(out),
+        "operands": "streamed",
+    }
+    result = run_job(validate_job(_job("matmul", params, devices=[0], memory_limit=limit)))
+    assert result.status == "ok" and result.verify.passed
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.abs(np.load(out) - ref).max() <= 1e-4 * np.abs(ref).max()
+    # What crossed PCIe is what the plan said: A and C once, B once per panel less what stayed.
+    assert result.pcie.bytes == result.pcie.naive_bytes >= result.pcie.budget_minimum_bytes
+    panels = -(-m // result.plan["tile_shape"]["m"])
+    assert (panels == 1) == (limit == "1GB")
+    if panels == 1:
+        assert result.pcie.bytes == result.pcie.minimum_bytes == 4 * (m * k + k * n + m * n)
+    assert matmul_stream.BLOCK_ROWS < k
+
+
+def test_a_dot_from_files_is_reduced_piece_by_piece_as_kvikio_reads(tmp_path, monkeypatch):
+    pytest.importorskip("kvikio")
+    from mgpu.device import Device, DeviceFacts
+    from mgpu.planner import Tile
+    from mgpu.workloads import dot
+    from mgpu.workloads.dot import Dot, DotParams
+
+    monkeypatch.setattr(dot, "_PIECE_BYTES", 1 << 20)  # 256 Ki float32 a piece: 8 pieces
+    dev = Device(
+        "cuda", cupy, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"), new_stream=lambda: cupy.cuda.Stream(non_blocking=True)
+    )
+    n = 2_000_003
+    rng = np.random.default_rng(8)
+    x, y = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    job = Dot(DotParams(input={"x": str(tmp_path / "x.npy"), "y": str(tmp_path / "y.npy")}))
+    from mgpu.tiles import run_tile
+
+    record = run_tile(job, dev, Tile(0, {"n": (5, n)}))
+    want = float(np.dot(x[5:].astype(np.float64), y[5:].astype(np.float64)))
+    assert record.verify_ok and abs(record.value - want) <= 1e-12 * float(np.dot(np.abs(x[5:]), np.abs(y[5:])))
+    assert dev.bytes_h2d == 8 * (n - 5)
 
 
 def test_dot_from_files_bigger_than_the_budget(tmp_path):

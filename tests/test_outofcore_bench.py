@@ -193,7 +193,7 @@ def test_summary_of_a_gpu_run(capsys):
                         {"method": "dma-only", "gbps": 200.0},
                         {"method": "copy-pread", "gbps": 90.0},
                         {"method": "copy-pread", "gbps": 100.0},
-                        {"method": "pread", "gbps": 95.0},
+                        {"method": "kvikio", "gbps": 95.0},
                     ],
                 }
             },
@@ -232,7 +232,7 @@ def test_summary_of_a_gpu_run(capsys):
     assert s["dot"]["gbps"] == pytest.approx(80.0) and s["dot"]["share"] == pytest.approx(0.8)
     assert s["dot"]["rel_error_vs_float64"] == 0.0
     # The best of each host route; the dot against the faster of the file routes (not the DMA's).
-    assert s["host_routes"] == {"dma-only": 200.0, "copy-pread": 100.0, "pread": 95.0}
+    assert s["host_routes"] == {"dma-only": 200.0, "copy-pread": 100.0, "kvikio": 95.0}
     assert s["dot"]["share_of_host_route"] == pytest.approx(0.8)
     oc.print_table(s)
     shown = capsys.readouterr().out

@@ -184,14 +184,14 @@ def _files(tmp_path: Path, m: int, k: int, n: int) -> tuple[np.ndarray, np.ndarr
 
 def _note_npy_reads(dask_worker: Any) -> None:
     """From now on note every block this worker reads from an .npy file: (file name, rows, cols)."""
-    block = NpySource._block
+    view = NpySource.view  # what a CPU worker reads every block through
     reads = dask_worker.npy_reads = []
 
-    def noted(self: NpySource, dev: Any, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> Any:
+    def noted(self: NpySource, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> Any:
         reads.append((Path(self.info.path).name, rows, cols))
-        return block(self, dev, rows, cols)
+        return view(self, rows, cols)
 
-    NpySource._block = noted
+    NpySource.view = noted
 
 
 class _Priorities(SchedulerPlugin):
@@ -287,6 +287,18 @@ class _LateStream:
         self.pending: list[Any] = []
         self.lock = threading.RLock()
 
+    def __enter__(self) -> _LateStream:  # made current, as a CuPy stream is in a with block
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        """Run every copy queued so far (what waiting for a CUDA stream means)."""
+        done = _Event()
+        done.record(self)
+        done.synchronize()
+
 
 class _Event:
     def __init__(self) -> None:
@@ -369,7 +381,7 @@ def test_pinned_buffers_are_refilled_only_after_their_copy_ran(monkeypatch, thre
     assert dev.copy_seconds() == pytest.approx({"h2d": 0.013, "d2h": 0.013})
 
 
-# -- reads straight from the file (FileBlock, pread) into the pinned buffers --------------
+# -- .npy blocks on a GPU: whole rows by KvikIO, column blocks from the map ------------------
 
 
 def _npy(path: Path, shape: tuple[int, ...], dtype: str) -> np.ndarray:
@@ -381,99 +393,120 @@ def _npy(path: Path, shape: tuple[int, ...], dtype: str) -> np.ndarray:
     return np.load(path, mmap_mode="r")
 
 
-def _file_block(mm: np.memmap, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> transfer.FileBlock:
-    return transfer.FileBlock(str(mm.filename), mm.offset, mm.shape, mm.dtype, rows, cols)
-
-
-def _count_opens(monkeypatch: pytest.MonkeyPatch, path: Path) -> tuple[list[int], list[int]]:
-    """The descriptors opened on ``path`` and those of them closed, as they happen."""
+def _stand_in_kvikio(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
+    """mgpu.io.read on the stand-in device (its arrays are host memory): reads the range
+    with os.pread, and records (path, offset, bytes) of each read."""
     import os
 
-    opened: list[int] = []
-    closed: list[int] = []
-    real_open, real_close = os.open, os.close
+    from mgpu import io
 
-    def open_(p: Any, *args: Any, **kwargs: Any) -> int:
-        fd = real_open(p, *args, **kwargs)
-        if str(p) == str(path):
-            opened.append(fd)
-        return fd
+    reads: list[tuple[str, int, int]] = []
+    real = io.read
 
-    def close(fd: int) -> None:
-        if fd in opened:
-            closed.append(fd)
-        real_close(fd)
+    def read(path: str, offset: int, out: Any) -> float:
+        reads.append((path, offset, out.nbytes))
+        size = os.stat(path).st_size
+        if offset + out.nbytes > size:
+            return real(path, offset, out)  # the size check comes before KvikIO is needed
+        with open(path, "rb") as f:
+            data = os.pread(f.fileno(), out.nbytes, offset)
+        out.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8)
+        return 0.25
 
-    monkeypatch.setattr(os, "open", open_)
-    monkeypatch.setattr(os, "close", close)
-    return opened, closed
+    monkeypatch.setattr(io, "read", read)
+    return reads
 
 
-# (file shape, dtype, rows, cols, bytes a chunk, chunks): several chunks, the last partial.
+# (file shape, dtype, rows, cols, by KvikIO): whole rows are one range of the file.
 _BLOCKS = [
-    ((1001,), "float32", (13, 994), None, 64 * 4, 16),  # an element range of a 1-D file
-    ((50, 37), "float64", (3, 46), None, 4 * 37 * 8, 11),  # full-width rows: one read a chunk
-    ((50, 37), "float16", (2, 49), (5, 29), 5 * 24 * 2, 10),  # a column block: a read a row
-    ((50, 37), "float32", (0, 50), (0, 36), 7 * 36 * 4, 8),  # all but the last column
+    ((1001,), "float32", (13, 994), None, True),  # an element range of a 1-D file
+    ((50, 37), "float64", (3, 46), None, True),  # full-width rows
+    ((50, 37), "float64", (3, 46), (0, 37), True),  # every column named: still whole rows
+    ((50, 37), "float16", (2, 49), (5, 29), False),  # a column block: a range a row
+    ((50, 37), "float32", (0, 50), (0, 36), False),  # all but the last column
 ]
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-@pytest.mark.parametrize("shape,dtype,rows,cols,chunk,chunks", _BLOCKS)
-def test_a_file_block_loads_the_same_data_as_the_memory_map(
-    monkeypatch, tmp_path, threads, shape, dtype, rows, cols, chunk, chunks
+@pytest.mark.parametrize("shape,dtype,rows,cols,by_kvikio", _BLOCKS)
+def test_whole_rows_go_by_kvikio_and_column_blocks_through_the_map(
+    monkeypatch, tmp_path, shape, dtype, rows, cols, by_kvikio
 ):
-    dev, stream = _stand_in_gpu(monkeypatch, threads)
+    from mgpu.sources import inspect_npy
+
+    dev, stream = _stand_in_gpu(monkeypatch, 3)
+    reads = _stand_in_kvikio(monkeypatch)
     mm = _npy(tmp_path / "a.npy", shape, dtype)
     want = mm[rows[0] : rows[1]] if cols is None else mm[rows[0] : rows[1], cols[0] : cols[1]]
-    block = _file_block(mm, rows, cols)
-    assert block.shape == want.shape
-    opened, closed = _count_opens(monkeypatch, tmp_path / "a.npy")
-    dst = np.zeros(want.shape, dtype).view(_DeviceArray)
-    assert transfer.Stager(dev, chunk_bytes=chunk).load(dst, block, stream) == want.nbytes
+    src = NpySource(inspect_npy(tmp_path / "a.npy", key="a"))
+    out = np.zeros(want.shape, dtype).view(_DeviceArray)
+    src.read_into(dev, out, rows, cols)
     _run_copies(stream)
-    assert np.array_equal(np.asarray(dst), want)
-    assert len(opened) == 1 and closed == opened  # one descriptor for the load, closed at its end
-    assert dev.copy_seconds()["h2d"] == pytest.approx(chunks * 0.001)  # a DMA a chunk
+    assert np.array_equal(np.asarray(out), want)
+    width = shape[1] if len(shape) == 2 else 1
+    itemsize = np.dtype(dtype).itemsize
+    if by_kvikio:  # one read of exactly the block's bytes, counted with its time
+        assert reads == [(src.info.path, mm.offset + rows[0] * width * itemsize, want.nbytes)]
+        assert dev.bytes_h2d == want.nbytes and dev.copy_seconds()["h2d"] == pytest.approx(0.25)
+    else:
+        assert reads == [] and dev.bytes_h2d == want.nbytes
 
 
-def test_short_reads_are_completed(monkeypatch, tmp_path):
-    import os
+def test_a_kvikio_read_waits_for_the_work_already_on_the_stream(monkeypatch, tmp_path):
+    # KvikIO copies on streams of its own: a staged copy still queued into the same memory
+    # must land first, or it would overwrite what KvikIO read.
+    from mgpu.sources import inspect_npy
 
-    dev, stream = _stand_in_gpu(monkeypatch, 3)
+    dev, stream = _stand_in_gpu(monkeypatch, 2)
+    _stand_in_kvikio(monkeypatch)
     mm = _npy(tmp_path / "a.npy", (40, 30), "float32")
-    real_preadv = os.preadv
-    calls = []
-
-    def short(fd: int, buffers: list[memoryview], offset: int) -> int:
-        calls.append(offset)
-        return real_preadv(fd, [buffers[0][:5]], offset)  # at most 5 bytes a call
-
-    monkeypatch.setattr(os, "preadv", short)
-    for rows, cols in (((0, 40), None), ((1, 39), (3, 17))):
-        want = mm[rows[0] : rows[1]] if cols is None else mm[rows[0] : rows[1], cols[0] : cols[1]]
-        dst = np.zeros(want.shape, np.float32).view(_DeviceArray)
-        calls.clear()
-        transfer.Stager(dev, chunk_bytes=4 * 30 * 8).load(dst, _file_block(mm, rows, cols), stream)
-        _run_copies(stream)
-        assert np.array_equal(np.asarray(dst), want)
-        assert len(calls) >= want.nbytes / 5
+    src = NpySource(inspect_npy(tmp_path / "a.npy", key="a"))
+    out = np.zeros((10, 30), np.float32).view(_DeviceArray)
+    transfer.Stager(dev, chunk_bytes=4 * 30 * 2).load(out, np.full((10, 30), 7, np.float32), stream)
+    src.read_into(dev, out, (20, 30))
+    _run_copies(stream)
+    assert np.array_equal(np.asarray(out), mm[20:30])
 
 
-@pytest.mark.parametrize("cols", [None, (2, 20)])
-def test_a_truncated_file_raises_an_error_naming_it(monkeypatch, tmp_path, cols):
-    import os
+@pytest.mark.parametrize("layout", ["fortran", "big-endian"])
+def test_a_file_whose_bytes_are_not_the_array_is_read_through_the_map(monkeypatch, tmp_path, layout):
+    from mgpu.sources import inspect_npy
 
     dev, stream = _stand_in_gpu(monkeypatch, 3)
+    reads = _stand_in_kvikio(monkeypatch)
+    data = np.random.default_rng(5).standard_normal((40, 30)).astype(np.float32)
+    data = np.asfortranarray(data) if layout == "fortran" else data.astype(">f4")
+    np.save(tmp_path / "a.npy", data)
+    src = NpySource(inspect_npy(tmp_path / "a.npy", key="a"))
+    out = np.zeros((12, 30), np.float32).view(_DeviceArray)
+    src.read_into(dev, out, (5, 17))
+    _run_copies(stream)
+    assert np.array_equal(np.asarray(out), data[5:17]) and reads == []
+
+
+def test_a_truncated_file_raises_an_error_naming_it(monkeypatch, tmp_path):
+    import os
+
+    from mgpu.sources import inspect_npy
+
+    dev, _ = _stand_in_gpu(monkeypatch, 2)
+    _stand_in_kvikio(monkeypatch)
     path = tmp_path / "a.npy"
     mm = _npy(path, (40, 30), "float32")
-    block = _file_block(mm, (0, 40), cols)
+    src = NpySource(inspect_npy(path, key="a"))
     os.truncate(path, mm.offset + mm.nbytes - 100)
-    opened, closed = _count_opens(monkeypatch, path)
-    dst = np.zeros(block.shape, np.float32).view(_DeviceArray)
     with pytest.raises(EOFError, match=f"{path} is truncated"):
-        transfer.Stager(dev, chunk_bytes=4 * 30 * 8).load(dst, block, stream)
-    assert len(opened) == 1 and closed == opened
+        src.read_into(dev, np.zeros((40, 30), np.float32).view(_DeviceArray), (0, 40))
+
+
+def test_kvikio_reads_whole_rows_only(monkeypatch, tmp_path):
+    from mgpu.sources import inspect_npy
+
+    dev, _ = _stand_in_gpu(monkeypatch, 2)
+    _npy(tmp_path / "a.npy", (40, 30), "float32")
+    src = NpySource(inspect_npy(tmp_path / "a.npy", key="a"))
+    with dask.config.set({"mgpu.io.read": "kvikio"}):
+        with pytest.raises(ValueError, match="mgpu.io.read: kvikio reads whole rows only"):
+            src.read_into(dev, np.zeros((40, 10), np.float32).view(_DeviceArray), (0, 40), (0, 10))
 
 
 def test_ready_buffers_gives_every_host_thread_its_own(monkeypatch):
@@ -536,131 +569,44 @@ def test_ready_buffers_does_not_wait_for_a_busy_thread(monkeypatch):
         busy.result()
 
 
-@pytest.mark.parametrize("method", ["pread", "mmap"])
+@pytest.mark.parametrize("method", ["kvikio", "mmap"])
 def test_npy_source_reads_the_file_on_a_cpu_either_way(tmp_path, method):
-    import dask.config
-
     from mgpu.sources import inspect_npy
 
     dev = _cpu_device()
     mat = _npy(tmp_path / "a.npy", (40, 30), "float32")
     vec = _npy(tmp_path / "x.npy", (1000,), "float64")
     a, x = NpySource(inspect_npy(mat.filename, key="a")), NpySource(inspect_npy(vec.filename, key="x"))
-    with dask.config.set({"mgpu.transfer.read": method}):
+    with dask.config.set({"mgpu.io.read": method}):
         assert np.array_equal(a.read(dev, (5, 17), (3, 29)), mat[5:17, 3:29])
         assert np.array_equal(a.read(dev, (0, 40)), mat)
         assert np.array_equal(x.read(dev, (10, 990)), vec[10:990])
 
 
-def test_the_read_method_defaults_to_auto_and_a_bad_one_names_the_key(tmp_path):
-    import dask.config
+def test_the_io_settings_default_and_a_bad_one_names_its_key(monkeypatch, tmp_path):
+    from mgpu import io
 
-    assert transfer.read_method() == "pread"
-    assert transfer.read_method(contiguous=False) == "mmap"
+    assert (io.read_method(), io.read_method(contiguous=False)) == ("kvikio", "mmap")
+    assert (io.threads(), io.task_size()) == (16, 8 << 20)
+    with dask.config.set({"mgpu.io.threads": 8, "mgpu.io.task-size": "16MiB", "mgpu.io.read": "mmap"}):
+        assert (io.threads(), io.task_size(), io.read_method()) == (8, 16 << 20, "mmap")
+    dev, _ = _stand_in_gpu(monkeypatch, 2)
     data = _npy(tmp_path / "a.npy", (4, 3), "float32")
     src = NpySource(NpyInfo(str(data.filename), data.shape, "float32", data.offset))
-    with dask.config.set({"mgpu.transfer.read": "mapped"}):
-        with pytest.raises(ValueError, match="mgpu.transfer.read: 'mapped' is not one of auto, pread, mmap"):
-            src.read(_cpu_device(), (0, 4), (0, 3))
+    with dask.config.set({"mgpu.io.read": "mapped"}):
+        with pytest.raises(ValueError, match="mgpu.io.read: 'mapped' is not one of auto, kvikio, mmap"):
+            src.read_into(dev, np.zeros((4, 3), np.float32).view(_DeviceArray), (0, 4))
 
 
-@pytest.mark.parametrize("method", ["pread", "mmap"])
-@pytest.mark.parametrize("layout", ["C", "fortran", "big-endian"])
-def test_npy_source_on_a_gpu_reads_by_pread_only_where_the_bytes_are_the_array(monkeypatch, tmp_path, method, layout):
-    import os
-
-    import dask.config
-
-    from mgpu.sources import inspect_npy
-
-    dev, stream = _stand_in_gpu(monkeypatch, 3)
-    data = np.random.default_rng(5).standard_normal((40, 30)).astype(np.float32)
-    if layout == "fortran":
-        data = np.asfortranarray(data)
-    elif layout == "big-endian":
-        data = data.astype(">f4")
-    np.save(tmp_path / "a.npy", data)
-    src = NpySource(inspect_npy(tmp_path / "a.npy", key="a"))
-    reads = []
-    real_preadv = os.preadv
-    monkeypatch.setattr(os, "preadv", lambda *args: reads.append(args) or real_preadv(*args))
-    out = np.zeros((12, 26), np.float32).view(_DeviceArray)
-    with dask.config.set({"mgpu.transfer.read": method}):
-        src.read_into(dev, out, (5, 17), (3, 29))
-    _run_copies(stream)
-    assert np.array_equal(np.asarray(out), data[5:17, 3:29])
-    assert bool(reads) == (method == "pread" and layout == "C")
-
-
-@pytest.mark.parametrize(
-    "rows, cols, by_pread",
-    [
-        ((5, 17), None, True),  # whole rows: one read per chunk
-        ((5, 17), (0, 30), True),  # every column named: still whole rows
-        ((5, 17), (3, 29), False),  # a column block: a read per row, so from the map
-        ((0, 40), (0, 15), False),
-    ],
-)
-def test_auto_reads_whole_rows_by_pread_and_a_column_block_from_the_map(monkeypatch, tmp_path, rows, cols, by_pread):
-    import os
-
-    from mgpu.sources import inspect_npy
-
-    dev, stream = _stand_in_gpu(monkeypatch, 3)
-    data = np.random.default_rng(6).standard_normal((40, 30)).astype(np.float32)
-    np.save(tmp_path / "a.npy", data)
-    src = NpySource(inspect_npy(tmp_path / "a.npy", key="a"))
-    reads = []
-    real_preadv = os.preadv
-    monkeypatch.setattr(os, "preadv", lambda *args: reads.append(args) or real_preadv(*args))
-    want = data[rows[0] : rows[1]] if cols is None else data[rows[0] : rows[1], cols[0] : cols[1]]
-    out = np.zeros(want.shape, np.float32).view(_DeviceArray)
-    src.read_into(dev, out, rows, cols)
-    _run_copies(stream)
-    assert np.array_equal(np.asarray(out), want)
-    assert bool(reads) == by_pread
-
-
-def test_a_failed_load_raises_only_once_no_chunk_reads_any_more(monkeypatch, tmp_path):
-    # A chunk failing must not close the file under the chunks still reading it.
-    import os
-
-    dev, stream = _stand_in_gpu(monkeypatch, 3)
-    mm = _npy(tmp_path / "a.npy", (40, 30), "float32")
-    opened, closed = _count_opens(monkeypatch, tmp_path / "a.npy")
-    real_preadv = os.preadv
-    late = []
-    failed = threading.Event()
-
-    def preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
-        if offset == mm.offset:
-            failed.set()
-            raise OSError("bad sector")  # the first chunk's read fails at once
-        assert failed.wait(30)  # the other chunks read after the failure, while the load unwinds
-        if closed:
-            late.append(offset)
-        return real_preadv(fd, buffers, offset)
-
-    monkeypatch.setattr(os, "preadv", preadv)
-    dst = np.zeros((40, 30), np.float32).view(_DeviceArray)
-    with pytest.raises(OSError, match="bad sector"):
-        transfer.Stager(dev, chunk_bytes=4 * 30 * 4).load(dst, _file_block(mm, (0, 40)), stream)
-    # Every host thread at a barrier at once: each chunk the load left behind has run.
-    threads = 3
-    barrier = threading.Barrier(threads)
-    for f in [transfer._pool().submit(barrier.wait, 30) for _ in range(threads)]:
-        f.result()
-    assert closed == opened and not late
-
-
-def test_only_file_jobs_on_gpus_make_the_pinned_buffers_in_their_warm_up(monkeypatch, tmp_path):
-    from mgpu.workloads.dot import Dot, DotParams
-
-    readied = []
-    monkeypatch.setattr(transfer, "ready_buffers", lambda: readied.append(1))
+def test_only_file_jobs_on_gpus_make_their_readers_ready_in_their_warm_up(monkeypatch, tmp_path):
+    from mgpu import io
     from mgpu.workloads import dot
+    from mgpu.workloads.dot import Dot, DotParams
     from mgpu.workloads.matmul import workload as matmul
 
+    readied: list[Any] = []
+    monkeypatch.setattr(transfer, "ready_buffers", lambda **kw: readied.append("stager"))
+    monkeypatch.setattr(io, "warm_up", lambda path, offset, nbytes: readied.append(("kvikio", Path(path).name)))
     for module in (dot, matmul):  # the warm-up's small tile
         monkeypatch.setattr(module, "run_tile", lambda workload, dev, tile: None)
     gpu = Device("cuda", None, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"))
@@ -677,4 +623,100 @@ def test_only_file_jobs_on_gpus_make_the_pinned_buffers_in_their_warm_up(monkeyp
         wl.warmup(gpu, tiles[type(wl)])
     for wl in (Dot(DotParams(n=10)), Matmul(MatmulParams(m=6, n=4, k=5))):
         wl.warmup(gpu, tiles[type(wl)])
-    assert len(readied) == 2  # once per file job, on the GPU
+    # The dot reads whole ranges (KvikIO); the matmul A's rows by KvikIO and column blocks staged.
+    assert readied == [("kvikio", "x.npy"), ("kvikio", "a.npy"), "stager"]
+
+
+def _stand_in_kvikio_module(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
+    """A stand-in for the kvikio package whose reads fill host arrays (recorded as
+    (file name, offset, bytes) in the order they are started)."""
+    import os
+    import sys
+    from types import SimpleNamespace
+
+    from mgpu import io
+
+    started: list[tuple[str, int, int]] = []
+
+    class Future:
+        def __init__(self, fn: Any) -> None:
+            self.fn, self.value = fn, None
+
+        def get(self) -> int:
+            if self.value is None:
+                self.value = self.fn()
+            return self.value
+
+        def done(self) -> bool:
+            return self.value is not None
+
+    class CuFile:
+        def __init__(self, path: str, flags: str = "r") -> None:
+            self.path, self.fd = path, os.open(path, os.O_RDONLY)
+
+        def pread(self, out: Any, size: int, offset: int) -> Future:
+            started.append((Path(self.path).name, offset, size))
+
+            def run() -> int:
+                data = os.pread(self.fd, size, offset)
+                out.reshape(-1).view(np.uint8)[: len(data)] = np.frombuffer(data, np.uint8)
+                return len(data)
+
+            return Future(run)
+
+        def close(self) -> None:
+            os.close(self.fd)
+
+    kvikio = SimpleNamespace(CuFile=CuFile, defaults=SimpleNamespace(set=lambda settings: None))
+    monkeypatch.setitem(sys.modules, "kvikio", kvikio)
+    monkeypatch.setitem(sys.modules, "kvikio.defaults", kvikio.defaults)
+    monkeypatch.setattr(io, "_APPLIED", None)
+    return started
+
+
+def test_a_dot_from_files_on_a_gpu_reduces_each_piece_as_it_lands(monkeypatch, tmp_path):
+    import math
+
+    from mgpu.planner import Tile
+    from mgpu.workloads import dot
+    from mgpu.workloads.dot import Dot, DotParams
+
+    dev, _ = _stand_in_gpu(monkeypatch, 2)
+    dev.xp = np  # arrays in host memory stand in for device arrays; the kernels are NumPy's
+    started = _stand_in_kvikio_module(monkeypatch)
+    monkeypatch.setattr(dot, "_PIECE_BYTES", 4096 * 4)
+    monkeypatch.setattr(dot, "_PIECE_ALIGN", 1024)
+    n = 10_000
+    x = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+    y = np.random.default_rng(2).standard_normal(n).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    job = Dot(DotParams(input={"x": str(tmp_path / "x.npy"), "y": str(tmp_path / "y.npy")}))
+    seen = []
+    monkeypatch.setattr(dot, "dot_f64", lambda xp, a, b: seen.append(len(a)) or float(np.dot(a.astype(float), b)))
+    from mgpu.tiles import run_tile
+
+    record = run_tile(job, dev, Tile(0, {"n": (1000, 9500)}))
+    # Pieces of 4096 elements (x then y of each), all started at once, each reduced as it landed.
+    off = np.load(tmp_path / "x.npy", mmap_mode="r").offset
+    want = [
+        (f, off + 4 * a, 4 * (b - a)) for a, b in ((1000, 5096), (5096, 9192), (9192, 9500)) for f in ("x.npy", "y.npy")
+    ]
+    assert started == want and seen == [4096, 4096, 308]
+    assert math.isclose(record.value, float(np.dot(x[1000:9500].astype(float), y[1000:9500])), rel_tol=1e-12)
+    assert record.verify_ok and dev.bytes_h2d == 2 * 4 * 8500
+
+
+def test_reads_in_order_check_every_file_before_any_starts(monkeypatch, tmp_path):
+    import os
+
+    from mgpu import io
+
+    started = _stand_in_kvikio_module(monkeypatch)
+    _npy(tmp_path / "x.npy", (1000,), "float32")
+    _npy(tmp_path / "y.npy", (1000,), "float32")
+    os.truncate(tmp_path / "y.npy", 1000)  # its 400 elements from byte 128 would end at 1728
+    out = [np.zeros(400, np.float32) for _ in range(2)]
+    with pytest.raises(EOFError, match="y.npy is truncated"):
+        list(io.read_in_order([(str(tmp_path / "x.npy"), 128, out[0]), (str(tmp_path / "y.npy"), 128, out[1])]))
+    assert started == []

@@ -187,6 +187,12 @@ def test_dot_random_matches_numpy(tmp_path, scheduler, dtype):
     want = math.fsum(x * y)  # exactly rounded sum of the float64 products
     assert abs(data["value"] - want) <= 1e-12 * abs(want)
     assert abs(data["value"] - float(np.dot(x, y))) <= 1e-12 * abs(want)
+    # The job made x and y and reduced them: its work is both steps' bytes, each timed apart.
+    nbytes = 2 * n * np.dtype(dtype).itemsize
+    assert data["throughput"]["value"] == pytest.approx(2 * nbytes / data["compute_s"] / 1e9)
+    assert {k: v["bytes"] for k, v in data["phases"].items()} == {"generate": nbytes, "reduce": nbytes}
+    if data["roofline"]:
+        assert "made on the device" in data["roofline"]["basis"]
 
 
 def test_dot_default_dtype_and_repeat_from_the_job_as_run(tmp_path, scheduler):
@@ -221,6 +227,8 @@ def test_dot_from_npy_files(tmp_path, scheduler, dtype):
     )
     assert data["job"]["params"]["n"] == n and data["job"]["params"]["dtype"] == dtype
     assert data["plan"]["tiles"] == math.ceil(n / 7919)
+    assert set(data["phases"]) == {"reduce"}  # read, not made: checked by a pass of its own
+    assert data["throughput"]["value"] == pytest.approx(2 * n * x.itemsize / data["compute_s"] / 1e9)
     want = float(np.dot(x.astype(np.float64), y.astype(np.float64)))
     assert abs(data["value"] - want) <= 1e-12 * abs(want)
 

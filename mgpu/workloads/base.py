@@ -129,9 +129,19 @@ class Workload(ABC):
         """The job's scalar answer from the tiles' records, where it has one."""
         return None
 
+    def bound_note(self) -> str | None:
+        """What the work set against the ceiling counts, where a reader could take it for
+        something else (a dot of made inputs counts their writing and their reading)."""
+        return None
+
     def host_bytes(self) -> int | None:
         """Bytes that must cross PCIe at least (inputs read once, output written once) when
         the job's data lives on the host (files); None when it is made on the devices."""
+        return None
+
+    def budget_host_bytes(self, plan: Plan) -> int | None:
+        """The fewest bytes PCIe could carry under the plan's budget (at least
+        :meth:`host_bytes`), where the workload knows; else None."""
         return None
 
     def naive_host_bytes(self, plan: Plan) -> int | None:

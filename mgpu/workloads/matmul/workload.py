@@ -24,6 +24,7 @@ from ...sources import NpySink, RandomSource, check_output_path
 from ...tiles import TileContext, run_tile
 from ..base import Workload
 from ..checks import relative_residual, unit_roundoff
+from . import stream
 from .planning import choose_matmul_tiles, matmul_working_set
 
 __all__ = ["Matmul", "MatmulParams"]
@@ -71,8 +72,10 @@ class MatmulParams(InputParams):
     output: str | None = None
     # per-tile: each tile makes the blocks of A and B it reads. distributed: A's row panels
     # and B's column panels are made once, one of each per device, and a tile reads the B
-    # panel another GPU holds from that GPU directly (CUDA IPC over NVLink).
-    operands: Literal["per-tile", "distributed"] = "per-tile"
+    # panel another GPU holds from that GPU directly (CUDA IPC over NVLink). streamed: each
+    # device keeps its rows of C (as many as its budget holds) and streams A and B through
+    # them, each block read while the one before multiplies (see stream.py).
+    operands: Literal["per-tile", "distributed", "streamed"] = "per-tile"
 
     @model_validator(mode="after")
     def _precision(self) -> MatmulParams:
@@ -136,9 +139,16 @@ class Matmul(Workload):
         p = self.params
         if self.host_bytes() is None:
             return None
+        if p.operands == "streamed":  # what the plan moves
+            return stream.host_bytes(self, plan)
         itemsize = np.dtype(p.dtype).itemsize
         reads = sum(t.size("m") * p.k + p.k * t.size("n") for t in plan.tiles) if p.input != "random" else 0
         return itemsize * reads + (itemsize * p.m * p.n if p.output else 0)
+
+    def budget_host_bytes(self, plan: Plan) -> int | None:
+        if self.host_bytes() is None or self.params.operands != "streamed":
+            return None
+        return stream.budget_host_bytes(self, plan)
 
     def sources(self) -> tuple[Any, ...]:
         return self.params.sources()
@@ -155,6 +165,8 @@ class Matmul(Workload):
         p = self.params
         if p.operands == "distributed":
             return self._plan_distributed(devices, budget, tiling, spill=spill)
+        if p.operands == "streamed":
+            return stream.plan(self, devices, budget, tiling, spill=spill)
         itemsize = np.dtype(p.dtype).itemsize
         tm, tn, tk = choose_matmul_tiles(
             p.m, p.n, p.k, itemsize, budget=budget, n_workers=len(devices), explicit=tiling, spill=spill
@@ -251,10 +263,16 @@ class Matmul(Workload):
             shape, read = (p.k, c1 - c0), lambda out: src_b.read_into(dev, out, (0, p.k), (c0, c1))
         return publish(dev, token, panel.name, shape, p.dtype, read)
 
-    def run(self, ctx: TileContext, tile: Tile) -> _Product:
+    def run(self, ctx: TileContext, tile: Tile) -> _Product | _Streamed:
         if ctx.panels:
             return self._run_from_panels(ctx, tile)
         p = self.params
+        if p.operands == "streamed" and "schedule" in tile.args:
+            with _tf32(ctx.dev, p.precision == "tf32"):
+                out = stream.run(self, ctx, tile)
+            (r0, r1), (c0, c1) = tile.bounds["m"], tile.bounds["n"]
+            ctx.record.work = 2.0 * (r1 - r0) * (c1 - c0) * p.k
+            return _Streamed(out["cr"], out["abr"])
         dev = ctx.dev
         xp = dev.xp
         (r0, r1), (c0, c1) = tile.bounds["m"], tile.bounds["n"]
@@ -363,22 +381,30 @@ class Matmul(Workload):
         ctx.record.d2d_s = sum(cupy.cuda.get_elapsed_time(b, e) for b, e in copies) / 1e3
         return c, br
 
-    def check(self, ctx: TileContext, tile: Tile, answer: _Product) -> tuple[float, bool]:
+    def check(self, ctx: TileContext, tile: Tile, answer: _Product | _Streamed) -> tuple[float, bool]:
         """Freivalds: C·r against A·(B·r), both in float64."""
         xp = ctx.dev.xp
+        if isinstance(answer, _Streamed):  # both made as the rows were
+            error = relative_residual(xp, answer.cr, answer.abr)
+            return error, bool(error <= self.tolerance())
         got = matvec_f64(xp, answer.c, answer.r)
         want = answer.abr if answer.abr is not None else matvec_f64(xp, answer.a, answer.br)
         error = relative_residual(xp, got, want)
         return error, error <= self.tolerance()
 
-    def store(self, ctx: TileContext, tile: Tile, answer: _Product) -> bool:
+    def store(self, ctx: TileContext, tile: Tile, answer: _Product | _Streamed) -> bool:
         if "c" not in self.sinks:
             return False
+        if isinstance(answer, _Streamed):  # written band by band as the rows were finished
+            return True
         (r0, r1), (c0, c1) = tile.bounds["m"], tile.bounds["n"]
         self.sinks["c"].write((slice(r0, r1), slice(c0, c1)), answer.c, ctx.dev)
         return True
 
-    def spoil(self, answer: _Product) -> _Product:
+    def spoil(self, answer: _Product | _Streamed) -> _Product | _Streamed:
+        if isinstance(answer, _Streamed):
+            answer.cr[0] += 1  # as if C[0, :] had been off by r's elements
+            return answer
         answer.c[0, 0] += 1
         return answer
 
@@ -409,6 +435,8 @@ class Matmul(Workload):
         # The tile's own m and n, so cuBLAS picks (and loads) the kernel the tiles use; a
         # smaller product may pick another, leaving that load, up to ~150 ms, to the first tile.
         m, n = tile.size("m"), tile.size("n")
+        if self.params.operands == "streamed":  # its own products are warmed up below
+            m, n = min(m, 1024), min(n, 1024)
         k = min(tile.args.get("tk", self.params.k), _WARMUP_K)
         while m * n * np.dtype(self.params.dtype).itemsize > _WARMUP_C_BYTES:
             m, n = max(1, m // 2), max(1, n // 2)
@@ -419,7 +447,14 @@ class Matmul(Workload):
         if self.params.operands == "distributed" and dev.is_gpu:
             enable_all_peers()  # the first enable costs tens of ms; not a tile's to pay
         if self.params.input != "random" and dev.is_gpu:
-            transfer.ready_buffers()  # the first tile paid for 32 cudaHostAlloc calls (2 a host thread)
+            # Whole rows through KvikIO: A's (panels, tiles of full width) or, streamed, B's.
+            self.sources()[1 if self.params.operands == "streamed" else 0].warm_up(contiguous=True)
+            transfer.ready_buffers()  # column blocks: the stager's pinned buffers
+        if self.params.output and dev.is_gpu:
+            transfer.ready_buffers(kind="d2h")  # and the store threads', for C
+        if self.params.operands == "streamed" and "schedule" in tile.args and dev.is_gpu:
+            with _tf32(dev, self.params.precision == "tf32"):
+                stream.warm_up(self, dev, tile)
 
     def tolerance(self) -> float:
         """How far C·r may be from A·(B·r), relative to max|A·(B·r)|.
@@ -431,6 +466,14 @@ class Matmul(Workload):
         p = self.params
         u = unit_roundoff(p.dtype, tf32=p.precision == "tf32")
         return u * (16 + np.sqrt(p.k))
+
+
+@dataclass
+class _Streamed:
+    """A streamed tile's check: C·r and A·(B·r) of its rows, made as the rows were."""
+
+    cr: Any
+    abr: Any
 
 
 @dataclass

@@ -1,0 +1,446 @@
+"""Out-of-core matmul on each GPU by itself: C's rows stay on the device, A and B stream through.
+
+Each device owns a contiguous range of C's rows and keeps as many of them as its budget
+holds (all of them where they fit: then every byte of A, B and C crosses PCIe once). The
+product runs in steps ``C[rows] += A[rows, kblock] @ B[kblock, :]``: a loader thread reads
+the next step's block of A and block of B while the current step's product runs (two
+buffers of A, at least two of B), and a writer thread writes each finished band of C into
+the output file while the products of the other bands go on.
+
+C is finished in bands: over the last few k-blocks of a panel (kept on the device, so they
+are read once) the steps go band by band, so the first band is done, and written, while
+the later bands still multiply; only the last band's write is not hidden. Between panels
+(where C does not fit) the k-blocks run in the other direction, so the blocks the last
+panel ended with are still on the device for the next one.
+
+B's rows (``B[kblock, :]``) are contiguous in a C-ordered ``.npy``, so they come through
+KvikIO; A's blocks ``A[rows, kblock]`` are a range per row, copied from a memory map through
+the pinned stager (:mod:`mgpu.transfer`). The schedule is plain data made on the client
+(:func:`steps`, from the :class:`Schedule` each tile carries in ``args``), the same
+for every device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...errors import JobInputError
+from ...kernels import matvec_f64
+from ...planner import Plan, Tile, assign_contiguous, split, split_by_size
+from ...sizes import format_bytes
+
+__all__ = [
+    "Schedule",
+    "Step",
+    "budget_host_bytes",
+    "choose",
+    "host_bytes",
+    "plan",
+    "run",
+    "schedule_of",
+    "steps",
+    "warm_up",
+]
+
+BLOCK_ROWS = 2048  # rows of B a step (columns of A): the product stays efficient, the buffers small
+FINAL_BLOCKS = 4  # k-blocks kept on the device at a panel's end, so its bands finish one by one
+BANDS = 8  # bands of C finished (and written) one after another at a panel's end
+MIN_BAND_ROWS = 256
+_WARMUP_C_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Step:
+    """One product ``C[rows] (+)= A[rows, k0:k1] @ B[k0:k1, :]`` of a device's schedule.
+
+    ``rows`` are relative to the device's first row. ``b_slot`` is the B buffer the block is
+    in; ``load_b`` says whether it must be read first (else it is there from a step
+    before). ``first`` starts the rows' sums (beta = 0); ``done`` says the rows are
+    finished after this step (their C may be written).
+    """
+
+    rows: tuple[int, int]
+    block: tuple[int, int]
+    b_slot: int
+    load_b: bool
+    first: bool
+    done: bool
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How one device runs its rows: the sizes the plan chose (all of it is plain data)."""
+
+    panel_rows: int
+    block_rows: int
+    final_blocks: int
+    bands: int
+    b_slots: int
+
+    def steps(self, rows: int, k: int) -> list[Step]:
+        return steps(rows, k, self)
+
+
+def steps(rows: int, k: int, s: Schedule) -> list[Step]:
+    """The steps of a device that owns ``rows`` rows of C, in the order they run.
+
+    Panels of ``s.panel_rows`` rows, one after another; in each, every k-block once for the
+    whole panel, except the last ``s.final_blocks``, which run band by band. A block needed
+    again stays in its B buffer where it can: the block replaced is the one needed again
+    latest (Belady's rule: the order is known), never the one the step before multiplies
+    (its product may still run while the next block is read).
+    """
+    blocks = split_by_size(k, s.block_rows)
+    order: list[tuple[tuple[int, int], tuple[int, int], bool, bool]] = []  # rows, block, first, done
+    for p, (p0, p1) in enumerate(split_by_size(rows, s.panel_rows)):
+        seq = blocks if p % 2 == 0 else blocks[::-1]
+        final = min(s.final_blocks, len(seq) - 1)
+        for i, blk in enumerate(seq[: len(seq) - final]):
+            order.append(((p0, p1), blk, i == 0, final == 0 and i == len(seq) - 1))
+        if final:
+            for b0, b1 in split(p1 - p0, min(s.bands, p1 - p0)):
+                for blk in seq[len(seq) - final :]:
+                    order.append(((p0 + b0, p0 + b1), blk, False, blk == seq[-1]))
+    resident: dict[int, tuple[int, int]] = {}  # B buffer -> the block in it
+    out: list[Step] = []
+    for t, (rws, blk, first, done) in enumerate(order):
+        slot = next((i for i, held in resident.items() if held == blk), None)
+        load = slot is None
+        if slot is None:
+            busy = out[-1].b_slot if out else None
+            free = [i for i in range(s.b_slots) if i not in resident]
+            if free:
+                slot = free[0]
+            else:
+                later = [i for i in resident if i != busy] or list(resident)
+                slot = max(later, key=lambda i: _next_use(resident[i], order, t))
+            resident[slot] = blk
+        out.append(Step(rws, blk, slot, load, first, done))
+    return out
+
+
+def _next_use(blk: tuple[int, int], order: list[Any], t: int) -> int:
+    return next((u for u in range(t, len(order)) if order[u][1] == blk), len(order))
+
+
+def working_set(s: Schedule, rows: int, n: int, itemsize: int, verify: bool) -> int:
+    """Device bytes a schedule holds: C's panel, two A blocks, the B buffers, the check's vectors."""
+    kb = s.block_rows
+    check = 8 * (2 * rows + n + 2 * kb) if verify else 0
+    return itemsize * (s.panel_rows * n + 2 * s.panel_rows * kb + s.b_slots * kb * n) + check
+
+
+def choose(rows: int, n: int, k: int, itemsize: int, budget: int, verify: bool) -> Schedule:
+    """The schedule for a device owning ``rows`` rows of C under ``budget`` bytes: C's rows
+    all kept if they fit, else the tallest panel that does.
+
+    Raises
+    ------
+    JobInputError
+        If not even a panel of one row fits.
+    """
+    kb = min(BLOCK_ROWS, k)
+    blocks = math.ceil(k / kb)
+    final = min(FINAL_BLOCKS, blocks - 1)
+    bands = max(1, min(BANDS, rows // MIN_BAND_ROWS))
+    for fb in range(final, -1, -1):
+        slots = max(2, fb)
+        s = Schedule(rows, kb, fb, bands, slots)
+        if working_set(s, rows, n, itemsize, verify) <= budget:
+            return s
+    # C does not fit: panels as tall as the budget allows, with the final blocks kept.
+    slots = max(2, final)
+    fixed = itemsize * slots * kb * n + (8 * (2 * rows + n + 2 * kb) if verify else 0)
+    per_row = itemsize * (n + 2 * kb)
+    h = (budget - fixed) // per_row
+    if h < 1:
+        raise JobInputError(
+            f"cluster.memory_limit: {format_bytes(budget)} per device cannot hold one row of C "
+            f"({format_bytes(itemsize * n)}) beside {slots} blocks of B ({format_bytes(itemsize * slots * kb * n)}); "
+            "use a larger budget or more devices"
+        )
+    h = int(min(h, rows))
+    return Schedule(h, kb, final, max(1, min(BANDS, h // MIN_BAND_ROWS)), slots)
+
+
+def plan(workload: Any, devices: dict[str, Any], budget: int, tiling: dict[str, int], *, spill: bool) -> Plan:
+    """One tile per device: a contiguous range of C's rows, its schedule in ``args``."""
+    p = workload.params
+    if tiling:
+        raise JobInputError(
+            "tiling: not used with params.operands: streamed (each device runs its rows of C "
+            "in panels the budget sets); remove tiling"
+        )
+    itemsize = np.dtype(p.dtype).itemsize
+    workers = list(devices)
+    ranges = [r for r in split(p.m, len(workers)) if r[1] > r[0]]
+    owners = assign_contiguous(len(ranges), workers)
+    rows = max(hi - lo for lo, hi in ranges)
+    s = choose(rows, p.n, p.k, itemsize, budget, workload.verify)
+    args = {"schedule": dataclasses.asdict(s), "tk": s.block_rows}
+    tiles = [Tile(i, {"m": r, "n": (0, p.n)}, owners[i], args=args) for i, r in enumerate(ranges)]
+    return Plan(
+        tiles,
+        "static",
+        {"m": s.panel_rows, "n": p.n, "k": s.block_rows},
+        working_set(s, rows, p.n, itemsize, workload.verify),
+        budget,
+        notes={"operands": "streamed", **dataclasses.asdict(s)},
+    )
+
+
+def schedule_of(tile: Tile) -> Schedule:
+    """The schedule a streamed tile carries."""
+    return Schedule(**tile.args["schedule"])
+
+
+def host_bytes(workload: Any, plan: Plan) -> int:
+    """Bytes the plan moves over PCIe: A once, C once, B once per panel (less the blocks a
+    panel finds still on the device)."""
+    p = workload.params
+    itemsize = np.dtype(p.dtype).itemsize
+    if p.input == "random":
+        return itemsize * p.m * p.n if p.output else 0
+    total = itemsize * (p.m * p.k + (p.m * p.n if p.output else 0))
+    for t in plan.tiles:
+        for step in schedule_of(t).steps(t.size("m"), p.k):
+            if step.load_b:
+                total += itemsize * (step.block[1] - step.block[0]) * p.n
+    return total
+
+
+def budget_host_bytes(workload: Any, plan: Plan) -> int:
+    """The fewest bytes over PCIe that any schedule keeping C's rows on the devices could
+    move under this budget: A and C once, and B once per panel of C the budgets hold."""
+    p = workload.params
+    itemsize = np.dtype(p.dtype).itemsize
+    if p.input == "random":
+        return itemsize * p.m * p.n if p.output else 0
+    held = max(1, plan.budget // (itemsize * p.n)) * len({t.worker for t in plan.tiles})
+    panels = math.ceil(p.m / held)
+    return itemsize * (p.m * p.k + (p.m * p.n if p.output else 0) + panels * p.k * p.n)
+
+
+class _Flags:
+    """One threading.Event per step, waited on by another thread; a failure anywhere ends
+    every wait (``failed`` holds it)."""
+
+    def __init__(self, n: int, failed: list[BaseException]) -> None:
+        self.events = [threading.Event() for _ in range(n)]
+        self.failed = failed
+
+    def set(self, t: int) -> None:
+        self.events[t].set()
+
+    def wait(self, t: int) -> None:
+        while not self.events[t].wait(0.2):
+            if self.failed:
+                raise self.failed[0]
+        if self.failed:
+            raise self.failed[0]
+
+
+def run(workload: Any, ctx: Any, tile: Tile) -> dict[str, Any]:
+    """Run the tile's rows of C by the schedule.
+
+    On a GPU a loader thread reads each step's blocks ahead (into a buffer only once the
+    step that used it last has multiplied: an event) and a writer thread writes each
+    finished band of C (once its products are done: an event); the task's thread enqueues
+    the products in order. On a CPU the same steps run one after another.
+    The products are timed on ``ctx`` (:class:`~mgpu.tiles.TileContext`), the bytes the
+    helper threads moved are counted for this task. Returns C·r and A·(B·r) (float64,
+    None without a check) for Freivalds' check.
+    """
+    p = workload.params
+    s = schedule_of(tile)
+    dev = ctx.dev
+    xp = dev.xp
+    gpu = dev.is_gpu
+    r0, r1 = tile.bounds["m"]
+    rows, n, kb = r1 - r0, p.n, s.block_rows
+    src_a, src_b = workload.sources()
+    sink = workload.sinks.get("c")
+    plan_steps = s.steps(rows, p.k)
+    panel_rows = min(rows, s.panel_rows)
+    first_use = {}
+    for t, st in enumerate(plan_steps):
+        first_use.setdefault(st.block, t)
+    dev.synchronize()  # KvikIO fills buffers from streams of its own: nothing may still use them
+    with dev.on_stream():
+        c = xp.empty((panel_rows, n), dtype=p.dtype)
+        a_bufs = [xp.empty(panel_rows * kb, dtype=p.dtype) for _ in range(2)]
+        b_bufs = [xp.empty((kb, n), dtype=p.dtype) for _ in range(s.b_slots)]
+        if ctx.verify:
+            from ...sources import RandomSource
+
+            r = RandomSource(p.seed, 2, (n,), "float64").read(dev, (0, n))
+            br = xp.zeros(p.k, dtype=xp.float64)
+            abr = xp.zeros(rows, dtype=xp.float64)
+            cr = xp.zeros(rows, dtype=xp.float64)
+    itemsize = c.itemsize
+
+    def a_view(t: int) -> Any:  # C-contiguous, whatever the block's width
+        (a0, a1), (k0, k1) = plan_steps[t].rows, plan_steps[t].block
+        return a_bufs[t % 2][: (a1 - a0) * (k1 - k0)].reshape(a1 - a0, k1 - k0)
+
+    def b_view(t: int) -> Any:
+        k0, k1 = plan_steps[t].block
+        return b_bufs[plan_steps[t].b_slot][: k1 - k0]
+
+    moved = {"h2d": 0, "d2h": 0, "h2d_s": 0.0, "d2h_s": 0.0}
+    failed: list[BaseException] = []
+    used: list[Any] = [None] * len(plan_steps)  # event after step t's products
+    used_set, ready = _Flags(len(plan_steps), failed), _Flags(len(plan_steps), failed)
+    b_last: dict[int, int] = {}  # B buffer -> the last step so far that multiplies it
+
+    def after(t: int) -> None:
+        """Wait until step t's products are done (nothing to wait for on a CPU)."""
+        if gpu:
+            used_set.wait(t)
+            used[t].synchronize()
+
+    def load(t: int) -> None:
+        st = plan_steps[t]
+        (a0, a1), (k0, k1) = st.rows, st.block
+        start = time.perf_counter()
+        if t >= 2:
+            after(t - 2)  # this A buffer's last step
+        src_a.read_into(dev, a_view(t), (r0 + a0, r0 + a1), (k0, k1))
+        moved["h2d"] += (a1 - a0) * (k1 - k0) * itemsize
+        if st.load_b:
+            if st.b_slot in b_last:
+                after(b_last[st.b_slot])
+            src_b.read_into(dev, b_view(t), (k0, k1), (0, n))
+            moved["h2d"] += (k1 - k0) * n * itemsize
+        dev.synchronize()  # what came through the stager is in once this thread's stream is done
+        moved["h2d_s"] += time.perf_counter() - start
+        b_last[st.b_slot] = t
+
+    def write(rws: tuple[int, int], base: int) -> None:
+        start = time.perf_counter()
+        sink.write((slice(r0 + rws[0], r0 + rws[1]), slice(0, n)), c[rws[0] - base : rws[1] - base], dev)
+        moved["d2h"] += (rws[1] - rws[0]) * n * itemsize
+        moved["d2h_s"] += time.perf_counter() - start
+
+    writes: queue.Queue[Any] = queue.Queue()
+
+    def loader() -> None:
+        try:
+            for t in range(len(plan_steps)):
+                load(t)
+                ready.set(t)
+        except BaseException as e:  # raised again by the task's thread
+            failed.append(e)
+
+    def writer() -> None:
+        while (job := writes.get()) is not None:
+            kind, payload = job
+            try:
+                if kind == "mark":  # everything queued before it is written
+                    payload.set()
+                elif kind == "allocate":
+                    sink.allocate(payload)
+                elif not failed:
+                    rws, base, t = payload
+                    used[t].synchronize()
+                    write(rws, base)
+            except BaseException as e:
+                failed.append(e)
+
+    helpers = [threading.Thread(target=f, daemon=True, name=f"mgpu-stream-{f.__name__}") for f in (loader, writer)]
+    if gpu:
+        if sink is not None:  # the output's pages, made while the first steps multiply
+            writes.put(("allocate", (r0, r1)))
+        for th in helpers:
+            th.start()
+    base = -1
+    try:
+        with dev.on_stream():
+            for t, st in enumerate(plan_steps):
+                if gpu:
+                    ready.wait(t)
+                else:
+                    load(t)
+                (a0, a1), (k0, k1) = st.rows, st.block
+                if st.first:  # a new panel: it reuses C, so the last panel's writes must be done
+                    if base >= 0 and gpu and sink is not None:
+                        drained = threading.Event()
+                        writes.put(("mark", drained))
+                        while not drained.wait(0.2):
+                            if failed:
+                                raise failed[0]
+                    base = a0
+                a, b, cv = a_view(t), b_view(t), c[a0 - base : a1 - base]
+                with ctx.timer():
+                    _gemm(xp, a, b, cv, first=st.first)
+                if ctx.verify:  # Freivalds: C r against A (B r), B r made once per block
+                    if first_use[st.block] == t:
+                        br[k0:k1] = matvec_f64(xp, b, r)
+                    abr[a0:a1] += matvec_f64(xp, a, br[k0:k1])
+                    if st.done:
+                        cr[a0:a1] = matvec_f64(xp, cv, r)
+                if gpu:
+                    used[t] = dev.stream.record()
+                    used_set.set(t)
+                if st.done and sink is not None:
+                    if gpu:
+                        writes.put(("write", (st.rows, base, t)))
+                    else:
+                        write(st.rows, base)
+        if gpu:
+            writes.put(None)
+            for th in helpers:
+                th.join()
+            if failed:
+                raise failed[0]
+        dev.synchronize()
+    except BaseException:
+        failed.append(RuntimeError("the task stopped"))  # ends the helpers' waits
+        writes.put(None)
+        for th in helpers:  # none may still fill or read the buffers once they are let go
+            if th.is_alive():
+                th.join(timeout=60)
+        raise
+    # What the helper threads moved, counted for this task.
+    dev.count_read("h2d", moved["h2d"], moved["h2d_s"])
+    dev.count_read("d2h", moved["d2h"], moved["d2h_s"])
+    return {"cr": cr, "abr": abr} if ctx.verify else {"cr": None, "abr": None}
+
+
+def warm_up(workload: Any, dev: Any, tile: Tile) -> None:
+    """Run the schedule's products once at their shape (C's rows halved until C holds at
+    most ``_WARMUP_C_BYTES``), both kinds (starting and adding to sums): cuBLAS picks and
+    loads their kernels here, not in the first step."""
+    p = workload.params
+    s = schedule_of(tile)
+    m, n, kb = min(tile.size("m"), s.panel_rows), p.n, s.block_rows
+    itemsize = np.dtype(p.dtype).itemsize
+    while m > 1 and m * n * itemsize > _WARMUP_C_BYTES:
+        m //= 2
+    xp = dev.xp
+    with dev.on_stream():
+        a, b, c = xp.ones((m, kb), p.dtype), xp.ones((kb, n), p.dtype), xp.empty((m, n), p.dtype)
+        _gemm(xp, a, b, c, first=True)
+        _gemm(xp, a, b, c, first=False)
+    dev.synchronize()
+
+
+def _gemm(xp: Any, a: Any, b: Any, c: Any, *, first: bool) -> None:
+    """``c = a @ b`` (first) or ``c += a @ b``, in place."""
+    if xp.__name__ == "cupy":
+        from cupy import cublas
+
+        cublas.gemm("N", "N", a, b, out=c, alpha=1.0, beta=0.0 if first else 1.0)
+        return
+    if first:
+        np.matmul(a, b, out=c)
+    else:
+        c += a @ b

@@ -1,0 +1,151 @@
+"""The streamed out-of-core matmul: its schedule as data, and jobs from files on CPU workers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import submit_json, write_job
+
+from mgpu.errors import JobInputError
+from mgpu.workloads.matmul import stream as ms
+
+
+def _cover(rows: int, k: int, s: ms.Schedule) -> None:
+    """Every (row, k) pair multiplied exactly once; sums started before they are added to
+    and finished once; a block read only into a buffer the step before does not use."""
+    done = np.zeros((rows, k), np.int32)
+    started = np.zeros(rows, bool)
+    finished = np.zeros(rows, np.int32)
+    resident: dict[int, tuple[int, int]] = {}
+    steps = s.steps(rows, k)
+    for t, st in enumerate(steps):
+        (a0, a1), (k0, k1) = st.rows, st.block
+        done[a0:a1, k0:k1] += 1
+        if st.first:
+            assert not started[a0:a1].any() or finished[a0:a1].all()  # a new panel
+            started[a0:a1] = True
+            finished[a0:a1] = 0
+        assert started[a0:a1].all() and not finished[a0:a1].any()
+        if st.done:
+            finished[a0:a1] += 1
+        if st.load_b:
+            assert t == 0 or st.b_slot != steps[t - 1].b_slot
+            resident[st.b_slot] = st.block
+        assert resident[st.b_slot] == st.block  # the block is in the buffer the step reads
+        assert 0 <= st.b_slot < s.b_slots
+    assert (done == 1).all() and (finished == 1).all()
+
+
+@pytest.mark.parametrize(
+    "rows,k,panel,kb,final,bands",
+    [
+        (100, 64, 100, 16, 2, 4),
+        (100, 64, 30, 16, 2, 4),
+        (97, 61, 40, 8, 3, 8),
+        (10, 5, 3, 5, 2, 2),
+        (50, 64, 50, 64, 4, 8),
+    ],
+)
+def test_every_product_runs_once_and_every_row_is_finished_once(rows, k, panel, kb, final, bands):
+    _cover(rows, k, ms.Schedule(panel, kb, final, bands, max(2, final)))
+
+
+def test_blocks_stay_for_the_next_panel_and_bands_finish_one_by_one():
+    s = ms.Schedule(panel_rows=40, block_rows=10, final_blocks=3, bands=4, b_slots=3)
+    steps = s.steps(120, 100)  # 3 panels of 40 rows, 10 blocks of B
+    loads = sum(st.load_b for st in steps)
+    # Each panel after the first finds the 3 blocks it starts with (the last one's final blocks).
+    assert loads == 10 + 7 + 7
+    # The first panel's bands finish in order, each after its own final blocks only.
+    done = [st.rows for st in steps[:19] if st.done]
+    assert done == [(0, 10), (10, 20), (20, 30), (30, 40)]
+
+
+def test_the_schedule_keeps_all_of_c_where_it_fits_and_panels_where_not():
+    s = ms.choose(rows=1000, n=800, k=600, itemsize=4, budget=64 << 20, verify=True)
+    assert s.panel_rows == 1000 and s.final_blocks == min(ms.FINAL_BLOCKS, 0) or s.block_rows == 600
+    big = ms.choose(rows=32768, n=32768, k=32768, itemsize=4, budget=6 << 30, verify=True)
+    assert big.panel_rows == 32768 and big.final_blocks == ms.FINAL_BLOCKS  # C (4 GiB) and the buffers fit
+    assert ms.working_set(big, 32768, 32768, 4, True) <= 6 << 30
+    tight = ms.choose(rows=32768, n=32768, k=32768, itemsize=4, budget=3 << 30, verify=True)
+    assert tight.panel_rows < 32768 and ms.working_set(tight, 32768, 32768, 4, True) <= 3 << 30
+    with pytest.raises(JobInputError, match="cluster.memory_limit: .* cannot hold one row of C"):
+        ms.choose(rows=100, n=1 << 20, k=1 << 20, itemsize=4, budget=1 << 20, verify=True)
+
+
+def _files(tmp_path, m, k, n):
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    return a, b, {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")}
+
+
+@pytest.mark.parametrize("limit", ["8MB", "250KB"])  # all of C on each worker; panels of it
+def test_streamed_matmul_from_files_to_a_file(tmp_path, scheduler, monkeypatch, limit):
+    monkeypatch.setattr(ms, "BLOCK_ROWS", 32)  # 5 blocks of B (the plan is made here, on the client)
+    m, k, n = 203, 150, 170
+    a, b, files = _files(tmp_path, m, k, n)
+    out = tmp_path / "c.npy"
+    doc = {
+        "workload": "matmul",
+        "params": {"input": files, "output": str(out), "operands": "streamed"},
+        "cluster": {"memory_limit": limit},
+    }
+    res, data = submit_json(write_job(tmp_path / "job.yaml", doc), tmp_path / "r.json", "--scheduler", scheduler)
+    assert res.code == 0, res.output + res.stderr
+    assert data["verify"]["passed"] is True and data["plan"]["tiles"] == 2  # a range of rows per worker
+    np.testing.assert_allclose(np.load(out), a @ b, rtol=1e-10, atol=1e-10)
+    pcie = data["pcie"]
+    assert pcie["minimum_bytes"] == 8 * (m * k + k * n + m * n)
+    # What the workers moved is what the plan said; within one panel a worker reads B once.
+    assert pcie["bytes"] == pcie["naive_bytes"] >= pcie["budget_minimum_bytes"] >= pcie["minimum_bytes"]
+    if limit == "8MB":
+        assert pcie["bytes"] == 8 * (m * k + 2 * k * n + m * n)  # B once per worker
+        assert data["plan"]["tile_shape"]["m"] == 102  # each worker all its rows of C
+    else:  # panels of C: B again for each, less the 4 blocks each finds still there
+        panels = -(-102 // data["plan"]["tile_shape"]["m"])
+        assert panels >= 2
+        b_reads = (pcie["bytes"] - 8 * (m * k + m * n)) / (8 * k * n) / 2  # B's per worker
+        assert 1 < b_reads < panels
+
+
+def test_a_corrupted_streamed_product_fails_its_check(tmp_path, monkeypatch):
+    from mgpu.device import Device, DeviceFacts
+    from mgpu.tiles import run_tile
+    from mgpu.workloads.matmul import Matmul, MatmulParams
+
+    monkeypatch.setattr(ms, "BLOCK_ROWS", 16)
+    dev = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h"))
+    _, _, files = _files(tmp_path, 60, 50, 40)
+    job = Matmul(MatmulParams(input=files, operands="streamed"))
+    plan = job.plan({"w": dev.facts}, 1 << 20, {})
+    (tile,) = plan.tiles
+    assert plan.notes["operands"] == "streamed" and tile.args["schedule"]["block_rows"] == 16
+    assert run_tile(job, dev, tile).verify_ok is True
+    bad = run_tile(job, dev, tile, hook=lambda workload, t, answer: workload.spoil(answer))
+    assert bad.verify_ok is False and bad.verify_error > 1e-6
+
+
+def test_streamed_with_tiling_is_refused(tmp_path, scheduler):
+    doc = {"workload": "matmul", "params": {"m": 8, "n": 8, "k": 8, "operands": "streamed"}, "tiling": {"m": 4}}
+    res, data = submit_json(write_job(tmp_path / "job.yaml", doc), tmp_path / "r.json", "--scheduler", scheduler)
+    assert res.code == 2 and "tiling: not used with params.operands: streamed" in res.stderr
+    assert data is None
+
+
+def test_streamed_random_inputs_match_numpy(tmp_path, scheduler):
+    from mgpu import kernels
+
+    m, k, n = 90, 70, 50
+    out = tmp_path / "c.npy"
+    doc = {
+        "workload": "matmul",
+        "params": {"m": m, "n": n, "k": k, "dtype": "float64", "output": str(out), "operands": "streamed"},
+    }
+    res, data = submit_json(write_job(tmp_path / "job.yaml", doc), tmp_path / "r.json", "--scheduler", scheduler)
+    assert res.code == 0, res.output + res.stderr
+    a = kernels.random_block(np, seed=0, operand=0, rows=(0, m), cols=(0, k), total_cols=k, dtype="float64")
+    b = kernels.random_block(np, seed=0, operand=1, rows=(0, k), cols=(0, n), total_cols=n, dtype="float64")
+    np.testing.assert_allclose(np.load(out), a @ b, rtol=1e-12, atol=1e-12)
+    assert data["verify"]["passed"] is True
