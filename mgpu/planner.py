@@ -143,7 +143,7 @@ def split_by_cost(costs: Sequence[float], parts: int, max_size: int) -> list[tup
                 at -= 1
             # Every piece keeps at least one element, before and after this cut.
             cuts.append(min(max(at, cuts[-1] + 1), n - (parts - k)))
-        pieces = list(zip(cuts, cuts[1:] + [n]))
+        pieces = list(zip(cuts, cuts[1:] + [n], strict=True))
     return [(lo + a, lo + b) for lo, hi in pieces for a, b in split_by_size(hi - lo, max_size)]
 
 

@@ -49,9 +49,12 @@ def _new_figure(n_panels: int) -> tuple[Figure, list[Any]]:
 
 def _errors(entries: list[dict[str, Any]], name: str, scale: float = 1.0) -> list[list[float]]:
     med = [e[f"{name}_median" if name != "efficiency" else name] * scale for e in entries]
-    lo = [e[f"{name}_min"] * scale if e[f"{name}_min"] is not None else m for e, m in zip(entries, med)]
-    hi = [e[f"{name}_max"] * scale if e[f"{name}_max"] is not None else m for e, m in zip(entries, med)]
-    return [[max(0.0, m - a) for m, a in zip(med, lo)], [max(0.0, b - m) for m, b in zip(med, hi)]]
+    lo = [e[f"{name}_min"] * scale if e[f"{name}_min"] is not None else m for e, m in zip(entries, med, strict=True)]
+    hi = [e[f"{name}_max"] * scale if e[f"{name}_max"] is not None else m for e, m in zip(entries, med, strict=True)]
+    return [
+        [max(0.0, m - a) for m, a in zip(med, lo, strict=True)],
+        [max(0.0, b - m) for m, b in zip(med, hi, strict=True)],
+    ]
 
 
 def throughput_plot(
@@ -66,7 +69,7 @@ def throughput_plot(
     if not panels:
         return None
     fig, axes = _new_figure(len(panels))
-    for ax, (workload, series) in zip(axes, sorted(panels.items())):
+    for ax, (workload, series) in zip(axes, sorted(panels.items()), strict=True):
         unit = next(iter(series.values()))[0]["unit"]
         counts = sorted({e["devices"] for entries in series.values() for e in entries})
         if len(counts) == 1:
@@ -130,7 +133,7 @@ def efficiency_plot(
     if not panels:
         return None
     fig, axes = _new_figure(len(panels))
-    for ax, (workload, series) in zip(axes, sorted(panels.items())):
+    for ax, (workload, series) in zip(axes, sorted(panels.items()), strict=True):
         counts = sorted({e["devices"] for entries in series.values() for e in entries})
         for i, (label, entries) in enumerate(series.items()):
             ax.errorbar(

@@ -152,7 +152,7 @@ def test_window_peak_equals_the_highest_live_bytes_seen_during_the_job():
         mr, live, sizes = FakeStatsAdaptor(), 0, []
         tracker = RmmTracker(mr, "async")
 
-        def step(record: list[int]) -> None:
+        def step(record: list[int], mr: FakeStatsAdaptor = mr, sizes: list[int] = sizes) -> None:
             nonlocal live
             if sizes and rng.random() < 0.45:
                 n = sizes.pop(rng.randrange(len(sizes)))

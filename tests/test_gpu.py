@@ -152,6 +152,7 @@ def test_matmul_on_cuda_cluster_matches_cpu_backend(tmp_path, allocator):
         )
     )
     assert gpu.status == "ok" and gpu.backend == "cuda" and gpu.verify.passed
+    assert cpu.status == "ok" and cpu.backend == "cpu" and cpu.verify.passed
     assert gpu.env["allocator"] == allocator
     assert sorted(d.id for d in gpu.per_device) == list(range(gpu_count()))
     a = kernels.random_block(np, seed=3, operand=0, rows=(0, 1031), cols=(0, 263), total_cols=263, dtype="float32")

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -412,7 +413,7 @@ def test_the_host_routes_probe_moves_the_dot_jobs_tiles(tmp_path):
     assert len(spans) == 2 and all(len(per_gpu) >= 2 for per_gpu in spans)
     flat = [t for per_gpu in spans for t in per_gpu]
     assert flat[0][0] == 0 and flat[-1][1] == 1000  # in order, end to end, no gap or overlap
-    assert all(a[1] == b[0] for a, b in zip(flat, flat[1:]))
+    assert all(a[1] == b[0] for a, b in pairwise(flat))
     assert all(2 * 4 * (hi - lo) <= 2400 for lo, hi in flat)
     assert spans[0][-1][1] == 500  # each GPU its contiguous half, as the job places them
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,7 @@ def _check_pieces(pieces: list[tuple[int, int]], n: int) -> None:
         assert pieces == []
         return
     assert pieces[0][0] == 0 and pieces[-1][1] == n
-    for (lo, hi), (lo2, _) in zip(pieces, pieces[1:]):
+    for (_, hi), (lo2, _) in pairwise(pieces):
         assert hi == lo2
     assert all(hi > lo for lo, hi in pieces)
 
@@ -346,7 +347,7 @@ def test_mandelbrot_64k_bands_hold_equal_estimated_cost(n_workers):
     assert max(hi - lo for lo, hi in bands) <= 2 * 2048
     full = got >= 0.95 * got.max()
     assert full.sum() > len(got) / 2
-    assert all(t.size("rows") > 2048 for t, f in zip(plan.tiles, full) if not f)
+    assert all(t.size("rows") > 2048 for t, f in zip(plan.tiles, full, strict=True) if not f)
 
     # The cheap rows far from the set go in fewer, taller bands than equal rows made.
     edge = params.height // 8

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 
@@ -79,8 +81,8 @@ def test_uneven_blocks_assemble_bit_for_bit():
     whole = _block(5, 1, (0, m), (0, n), n, "float32")
     row_cuts, col_cuts = [0, 1, 2, 50, 99, m], [0, 7, 8, 60, n]
     parts = [
-        [_block(5, 1, (r0, r1), (c0, c1), n, "float32") for c0, c1 in zip(col_cuts, col_cuts[1:])]
-        for r0, r1 in zip(row_cuts, row_cuts[1:])
+        [_block(5, 1, (r0, r1), (c0, c1), n, "float32") for c0, c1 in pairwise(col_cuts)]
+        for r0, r1 in pairwise(row_cuts)
     ]
     np.testing.assert_array_equal(_bits(np.block(parts)), _bits(whole))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ def _cpu_device() -> Device:
 def test_chunks_cover_every_row_once_within_the_chunk_size(rows, cols, itemsize, chunk):
     chunks = transfer.chunk_rows((rows, cols), itemsize, chunk)
     assert chunks[0][0] == 0 and chunks[-1][1] == rows
-    assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+    assert all(a[1] == b[0] for a, b in pairwise(chunks))
     row_bytes = cols * itemsize
     for r0, r1 in chunks:
         assert r1 > r0

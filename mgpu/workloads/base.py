@@ -101,7 +101,9 @@ class Workload(ABC):
 
     # -- on the client -------------------------------------------------------------
     def prepare(self, *, force: bool) -> None:
-        """Check outputs and create their temporary files (the sinks); before any task."""
+        """Check outputs and create their temporary files (the sinks); before any task.
+        Nothing by default: a workload without outputs has none to check."""
+        return None
 
     @abstractmethod
     def plan(
@@ -157,7 +159,9 @@ class Workload(ABC):
         return None
 
     def judge(self, records: list[TileRecord], reference: Any) -> None:
-        """Complete the records' checks against ``reference``, once every tile has ended."""
+        """Complete the records' checks against ``reference``, once every tile has ended.
+        Nothing by default: the tiles checked themselves."""
+        return None
 
     def finish(self, client: Any) -> list[str]:
         """Work after every tile passed (a worker renders a PNG, say); returns extra outputs."""
@@ -168,6 +172,7 @@ class Workload(ABC):
         """Run a tiny tile's kernels once, untimed: compiles them and creates library
         handles so the first real tile is not charged for it. ``tile`` is one of the
         plan's (its size and args are the job's)."""
+        return None  # nothing to warm up by default
 
     @abstractmethod
     def run(self, ctx: TileContext, tile: Tile) -> Any:
