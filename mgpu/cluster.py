@@ -87,7 +87,9 @@ class ClusterInfo:
         """Bytes each task may hold on its device: the smallest worker's share."""
         limit = self.resolved.memory_limit
         return min(
-            resolve_size(AUTO_BUDGET[f.backend] if limit == "auto" else limit, f.memory) for f in self.devices.values()
+            # "auto" is the only string a checked memory_limit holds.
+            resolve_size(AUTO_BUDGET[f.backend] if isinstance(limit, str) else limit, f.memory)
+            for f in self.devices.values()
         )
 
 

@@ -177,7 +177,9 @@ class Device:
         # between its work and the event after it (else it would wait for theirs too).
         with self._shared_lock:
             if self._shared is None:
-                self._shared = (self.new_queue or self.new_stream)()
+                make = self.new_queue or self.new_stream
+                assert make is not None  # a device that has streams was given new_stream
+                self._shared = make()
             shared = self._shared
             shared.wait_event(mine.record())
             with shared:

@@ -33,7 +33,8 @@ class InputParams(BaseModel):
     """The ``seed`` and ``input`` of a workload's ``params:``, and the operands they make.
 
     Subclasses set ``input_operands`` (in random-stream order: the first is stream 0) and declare
-    a ``dtype`` field and an ``int | None`` field for every axis an operand names.
+    a ``dtype`` field and an int field for every axis an operand names, each None by default
+    until validation sets it from the input files (or, for ``dtype``, ``default_dtype``).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -63,6 +64,15 @@ class InputParams(BaseModel):
         if not all(isinstance(path, str) for path in value.values()):
             raise ValueError(f"expected a path for each of {', '.join(names)}")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_left_out(cls, data: Any) -> Any:
+        # A size or dtype written null is one not given: the files (or the defaults) set it.
+        if isinstance(data, dict):
+            settable = {axis for op in cls.input_operands for axis in op.axes} | {"dtype"}
+            return {k: v for k, v in data.items() if not (v is None and k in settable)}
+        return data
 
     @model_validator(mode="after")
     def _bind_inputs(self) -> InputParams:
@@ -118,7 +128,7 @@ class InputParams(BaseModel):
         """Each operand's source, in ``input_operands`` order: random from the seed, or its file."""
         if self.input == "random":
             return tuple(
-                RandomSource(self.seed, i, self.shape_of(op.name), self.dtype)  # type: ignore[attr-defined]
+                RandomSource(self.seed, i, self.shape_of(op.name), self.dtype)
                 for i, op in enumerate(self.input_operands)
             )
         files = self._files or {

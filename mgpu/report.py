@@ -13,7 +13,7 @@ import csv
 import json
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,7 @@ BY_FIELDS = ["allocator", "protocol", "host", "gpu", "backend", "workload", "job
 SCALE_KIND = "mgpu-scale"
 
 
-def size_label(workload: str, params: dict[str, object]) -> str:
+def size_label(workload: str, params: Mapping[str, object]) -> str:
     """``"m=4096 n=4096 k=4096"``: a run's size, in the workload's size params."""
     try:
         keys = get_workload_class(workload).size_params
@@ -160,7 +160,8 @@ def summarize(rows: list[dict[str, Any]], by: list[str] | None = None) -> list[d
     rows = with_efficiency(rows, by)
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        groups[(*_series(r, by), r["devices"])].append(r)
+        key = (*_series(r, by), r["devices"])
+        groups[key].append(r)
     base_median: dict[tuple[Any, ...], tuple[int, float]] = {}
     summary = []
     for key, group in groups.items():

@@ -308,7 +308,7 @@ def _roofline(
         return None
     limit = sum(rates)
     basis = f"{len(rates)} x {key} measured on one device alone"
-    pcie = [c.get("h2d_pinned") for c in ceilings.values()]
+    pcie = [c.get("h2d_pinned") or 0.0 for c in ceilings.values()]
     if host_bytes and work > 0 and all(pcie):
         compute_s, pcie_s = work / limit, host_bytes / 1e9 / sum(pcie)
         if pcie_s > compute_s:

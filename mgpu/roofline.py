@@ -126,7 +126,7 @@ def _transfer_rates(dev: Device, nbytes: int) -> dict[str, float]:
             dst.data.ptr, peer, src.data.ptr, 0, nbytes, stream.ptr
         )
         rates.append(nbytes / median_seconds(dev, copy) / 1e9)
-        dst = copy = None
+        del dst, copy
     if rates:
         out["peer"] = min(rates)
     return out

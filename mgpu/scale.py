@@ -22,6 +22,7 @@ from .errors import JobInputError
 from .results import Result
 from .spec import Job, load_job
 from .workloads import get_workload_class
+from .workloads.base import Workload
 
 __all__ = ["Run", "default_counts", "parse_counts", "parse_sizes", "plan_sweep", "run_sweep"]
 
@@ -161,8 +162,8 @@ def plan_sweep(
     return runs
 
 
-def _sizes_of(cls: type, params: dict[str, object]) -> dict[str, int]:
-    return {k: int(params[k]) for k in cls.size_params if isinstance(params.get(k), int)}
+def _sizes_of(cls: type[Workload], params: dict[str, object]) -> dict[str, int]:
+    return {k: v for k in cls.size_params if isinstance(v := params.get(k), int)}
 
 
 def run_sweep(runs: list[Run], events: Events | None = None, *, force: bool = False) -> Iterator[tuple[Run, Result]]:

@@ -61,7 +61,7 @@ class RandomSource:
                 seed=self.seed,
                 operand=self.operand,
                 rows=rows,
-                cols=cols,
+                cols=cols or (0, self.shape[1]),  # no cols: whole rows
                 total_cols=self.shape[1],
                 dtype=self.dtype,
             )
@@ -116,7 +116,7 @@ class NpySource:
         contiguous = cols is None or (cols[0], cols[1]) == (0, width)
         if info.offset is None or io.read_method(contiguous) != "kvikio":
             return None
-        if not contiguous:
+        if cols is not None and not contiguous:
             raise ValueError(
                 f"mgpu.io.read: kvikio reads whole rows only; {info.path!r} columns {cols[0]}:{cols[1]} "
                 "are a block of many ranges (use auto or mmap)"

@@ -56,7 +56,7 @@ class ClusterSpec(BaseModel):
             allowed = {
                 "devices": "'all', a count or a list of device ids",
                 "memory_limit": "'auto', bytes, a fraction or a size like '40GB'",
-            }[info.field_name]
+            }[str(info.field_name)]
             raise ValueError(f"expected {allowed}, got {str(v).lower()}")
         return v
 

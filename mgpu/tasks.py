@@ -31,7 +31,7 @@ def _answer_hook() -> tiles.AnswerHook | None:
         worker = get_worker()
     except ValueError:
         return None
-    hooks = [p.on_answer for p in worker.plugins.values() if callable(getattr(p, "on_answer", None))]
+    hooks = [hook for p in worker.plugins.values() if callable(hook := getattr(p, "on_answer", None))]
     return hooks[0] if hooks else None
 
 

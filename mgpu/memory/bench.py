@@ -305,9 +305,9 @@ def print_alloc_bench(bench: AllocBench, console: Console) -> None:
         "(x: the time relative to cudaMalloc at the same size; "
         f"managed buffers capped at {format_bytes(bench.managed_limit)})"
     )
-    for size, extra in bench.fallback_overhead_us.items():
+    for size_key, extra in bench.fallback_overhead_us.items():
         console.print(
-            f"spill fallback wrapper at {format_bytes(int(size))}: {extra:+.3g} µs per allocation over the raw pool"
+            f"spill fallback wrapper at {format_bytes(int(size_key))}: {extra:+.3g} µs per allocation over the raw pool"
         )
     spilled = [r for r in bench.rows if r.allocator == "fallback-spill" and r.fallback_events]
     for r in spilled:

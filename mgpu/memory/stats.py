@@ -118,7 +118,7 @@ class RmmTracker:
         self._before = Counts.of(self.adaptor.push_counters()) if self._pushed else self._read()
 
     def end(self) -> dict[str, Any]:
-        if self._pushed:
+        if self._pushed and self._before is not None:  # begin() pushed: _before is set
             job = Counts.of(self.adaptor.pop_counters())
             figures: dict[str, Any] = asdict(window_from_stack(self._before, job))
         elif self._before is not None:
@@ -167,7 +167,7 @@ def resource_chain(top: Any, fallback: Any = None) -> list[Any]:
     """The resources from ``top`` down to the one that calls CUDA. mgpu's spill fallback
     (a :class:`~mgpu.memory.spill.ManagedFallback`) is an RMM callback resource with no upstream
     RMM knows of, so its primary is followed by hand."""
-    chain = []
+    chain: list[Any] = []
     res = top
     while res is not None and len(chain) < 16:
         chain.append(res)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import dask.config
 from pydantic import BaseModel
@@ -67,7 +67,10 @@ def injected_delay() -> float:
     return float(dask.config.get("mgpu.testing.tile-delay", default=0) or 0)
 
 
-class Workload(ABC):
+P = TypeVar("P", bound=BaseModel)
+
+
+class Workload(ABC, Generic[P]):
     """A kind of job: its parameters, how it tiles, what one tile does, how it is checked.
 
     Subclasses set ``name``, ``Params`` (a pydantic model, ``extra="forbid"``),
@@ -87,14 +90,14 @@ class Workload(ABC):
     size_params: ClassVar[tuple[str, ...]] = ()
     grow: ClassVar[tuple[str, ...]] = ()
     # Tiles that may share one device at once (each gets 1/concurrency of the budget).
-    concurrency: ClassVar[int] = 1
+    concurrency: int = 1  # a class default an instance may change (matmul writing its output)
     # The ceilings this workload measures (see measure_ceilings): name -> unit.
     ceiling_units: ClassVar[dict[str, str]] = {}
     # Small ``params:`` that make a job of two tiles or more in well under a second on CPU
     # workers: the shared contract tests (tests/test_contract.py) run every workload with them.
     example: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, params: BaseModel, *, verify: bool = True) -> None:
+    def __init__(self, params: P, *, verify: bool = True) -> None:
         self.params = params
         self.verify = verify
         self.sinks: dict[str, NpySink] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 from pydantic import Field
@@ -44,11 +44,12 @@ class DotParams(InputParams):
 
     input_operands = (Operand("x", ("n",)), Operand("y", ("n",)))
 
-    n: int | None = Field(None, gt=0, description="length of x and y")
-    dtype: Literal["float16", "float32", "float64"] | None = None
+    # None only until validation: the input files or the defaults set both (InputParams).
+    n: int = Field(None, gt=0, description="length of x and y")  # type: ignore[assignment]
+    dtype: Literal["float16", "float32", "float64"] = Field(None)  # type: ignore[arg-type]
 
 
-class Dot(Workload):
+class Dot(Workload[DotParams]):
     """Dot product in contiguous chunks, one run of chunks per worker."""
 
     name = "dot"
@@ -121,7 +122,11 @@ class Dot(Workload):
                 )
             with ctx.timer() as t:
                 value = dot_f64(dev.xp, x, y)
-            answer = _Sum(value, want=tuple(float(v) for v in to_host(dev.xp, sums)) if ctx.verify else None)
+            checked: tuple[float, float] | None = None
+            if ctx.verify:
+                total, magnitude = (float(v) for v in to_host(dev.xp, sums))  # sum(x*y), sum|x*y|
+                checked = (total, magnitude)
+            answer = _Sum(value, want=checked)
             phases["generate"] = {"seconds": gen.seconds, "bytes": nbytes}
             phases["reduce"] = {"seconds": t.seconds, "bytes": nbytes}
             ctx.record.work = float(2 * nbytes)  # written by the generation, read by the reduction
@@ -156,8 +161,8 @@ class Dot(Workload):
         read). Elsewhere the whole chunk at once (``whole``).
         """
         src_x, src_y = self.sources()
-        where = [src.kvikio_range((lo, hi)) if dev.is_gpu else None for src in (src_x, src_y)]
-        if None in where:
+        where_x, where_y = (src.kvikio_range((lo, hi)) if dev.is_gpu else None for src in (src_x, src_y))
+        if where_x is None or where_y is None:
             yield src_x.read(dev, (lo, hi)), src_y.read(dev, (lo, hi)), True
             return
         dtype = self.params.dtype
@@ -167,8 +172,8 @@ class Dot(Workload):
         bounds = [(a, min(a + step, hi - lo)) for a in range(0, hi - lo, step)]  # starts stay aligned
         requests = []
         for a, b in bounds:
-            requests += [(src_x.info.path, where[0][0] + a * itemsize, x[a:b])]
-            requests += [(src_y.info.path, where[1][0] + a * itemsize, y[a:b])]
+            requests += [(src_x.info.path, where_x[0] + a * itemsize, x[a:b])]
+            requests += [(src_y.info.path, where_y[0] + a * itemsize, y[a:b])]
         dev.synchronize()  # KvikIO copies on streams of its own: nothing may still use x and y
         landed = io.read_in_order(requests)
         seconds = 0.0
@@ -213,4 +218,4 @@ class Dot(Workload):
 
     def reduce(self, records: list[TileRecord]) -> float:
         # In tile order, so the answer does not depend on which chunk finished first.
-        return float(sum(r.value for r in sorted(records, key=lambda r: r.index)))
+        return float(sum(cast(float, r.value) for r in sorted(records, key=lambda r: r.index)))  # every tile has one

@@ -91,7 +91,7 @@ class MandelbrotParams(BaseModel):
         return self
 
 
-class Mandelbrot(Workload):
+class Mandelbrot(Workload[MandelbrotParams]):
     """Row bands of the image, cut to equal estimated cost and handed out dynamically."""
 
     name = "mandelbrot"
@@ -243,7 +243,11 @@ class Mandelbrot(Workload):
             )
             xd, yd = dev.to_device(x), dev.to_device(y)
             iterations = float(mandelbrot_counts(dev.xp, xd, yd, max_iter).sum(dtype=np.int64))
-            seconds = median_seconds(dev, lambda xd=xd, yd=yd: mandelbrot_counts(dev.xp, xd, yd, max_iter))
+
+            def counts(xd: Any = xd, yd: Any = yd) -> Any:
+                return mandelbrot_counts(dev.xp, xd, yd, max_iter)
+
+            seconds = median_seconds(dev, counts)
             out[f"mandelbrot_{dtype}"] = iterations / seconds / 1e9
         return out
 

@@ -270,7 +270,7 @@ def run(workload: Any, ctx: Any, tile: Tile) -> dict[str, Any]:
     sink = workload.sinks.get("c")
     plan_steps = s.steps(rows, p.k)
     panel_rows = min(rows, s.panel_rows)
-    first_use = {}
+    first_use: dict[Any, int] = {}  # block -> the first step that uses it
     for t, st in enumerate(plan_steps):
         first_use.setdefault(st.block, t)
     dev.synchronize()  # KvikIO fills buffers from streams of its own: nothing may still use them

@@ -64,10 +64,11 @@ class MatmulParams(InputParams):
 
     input_operands = (Operand("a", ("m", "k")), Operand("b", ("k", "n")))
 
-    m: int | None = Field(None, gt=0, description="rows of A and C")
-    n: int | None = Field(None, gt=0, description="columns of B and C")
-    k: int | None = Field(None, gt=0, description="columns of A, rows of B")
-    dtype: Literal["float16", "float32", "float64"] | None = None
+    # None only until validation: the input files or the defaults set them (InputParams).
+    m: int = Field(None, gt=0, description="rows of A and C")  # type: ignore[assignment]
+    n: int = Field(None, gt=0, description="columns of B and C")  # type: ignore[assignment]
+    k: int = Field(None, gt=0, description="columns of A, rows of B")  # type: ignore[assignment]
+    dtype: Literal["float16", "float32", "float64"] = Field(None)  # type: ignore[arg-type]
     precision: Literal["default", "tf32"] = "default"
     output: str | None = None
     # per-tile: each tile makes the blocks of A and B it reads. distributed: A's row panels
@@ -109,7 +110,7 @@ def _tf32(dev: Device, enabled: bool) -> Iterator[None]:
         cublas.setMathMode(handle, previous[1])
 
 
-class Matmul(Workload):
+class Matmul(Workload[MatmulParams]):
     """Dense matrix product, tiled over the output; each worker owns contiguous tiles."""
 
     name = "matmul"
@@ -227,7 +228,7 @@ class Matmul(Workload):
             )
         made = [Panel(f"a{i}.{q}", "a", {"m": r}, workers[i]) for i in range(w) for q, r in enumerate(a_pieces[i])]
         made += [Panel(f"b{j}.{h}", "b", {"n": c}, workers[j]) for j in range(w) for h, c in enumerate(b_pieces[j])]
-        tiles = []
+        tiles: list[Tile] = []
         for i in range(w):
             for step in range(w):
                 j = (i + step) % w
@@ -325,6 +326,7 @@ class Matmul(Workload):
                 t.seconds  # noqa: B018 (waits for the product, outside the in-order block: nothing waits in it)
                 br = matvec_f64(xp, b, r) if r is not None else None
             else:
+                assert peer is not None  # B was left unread only where a peer GPU holds it
                 c, br = self._gemm_from_peer(ctx, a, ref_b, peer, r, tile.args["tk"])
         ctx.mark("queued")
         ctx.record.work = 2.0 * (r1 - r0) * (c1 - c0) * p.k
@@ -426,8 +428,12 @@ class Matmul(Workload):
                 continue  # NumPy has no float16 BLAS; nothing to set a job against
             a = random_block(xp, seed=0, operand=0, rows=(0, n), cols=(0, n), total_cols=n, dtype=dtype)
             b = random_block(xp, seed=0, operand=1, rows=(0, n), cols=(0, n), total_cols=n, dtype=dtype)
+
+            def product(a: Any = a, b: Any = b) -> Any:
+                return xp.matmul(a, b)
+
             with _tf32(dev, tf32):
-                seconds = median_seconds(dev, lambda a=a, b=b: xp.matmul(a, b))
+                seconds = median_seconds(dev, product)
             out[key] = 2 * n**3 / seconds / 1e12
         return out
 
