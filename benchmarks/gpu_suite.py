@@ -40,22 +40,22 @@ def ceilings(quick: bool) -> dict:
         prev = linalg.get_compute_type(np.float32)
         if tf32:
             linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
-        t, s = _median_seconds(lambda: cupy.matmul(a, b))
+        t, s = _median_seconds(lambda a=a, b=b: cupy.matmul(a, b))
         linalg.set_compute_type(np.float32, prev)
         out[f"gemm_{'tf32' if tf32 else dtype}_tflops"] = 2 * n**3 / t / 1e12
         del a, b
     nbytes = (1 << 30) if quick else (4 << 30)
     src = cupy.ones(nbytes // 4, dtype=cupy.float32)
     dst = cupy.empty_like(src)
-    t, _ = _median_seconds(lambda: dst.__setitem__(slice(None), src))
+    t, _ = _median_seconds(lambda dst=dst, src=src: dst.__setitem__(slice(None), src))
     out["copy_gbps"] = 2 * nbytes / t / 1e9
     del dst
     m = 250_000_000 if quick else 1_000_000_000
     x = kernels.random_block(cupy, seed=0, operand=0, rows=(0, 1), cols=(0, m), total_cols=m, dtype="float32").ravel()
     y = kernels.random_block(cupy, seed=0, operand=1, rows=(0, 1), cols=(0, m), total_cols=m, dtype="float32").ravel()
-    t, _ = _median_seconds(lambda: cupy.dot(x, y))
+    t, _ = _median_seconds(lambda x=x, y=y: cupy.dot(x, y))
     out["cupy_dot_gbps"] = 8 * m / t / 1e9
-    t, _ = _median_seconds(lambda: kernels.dot_f64(cupy, x, y))
+    t, _ = _median_seconds(lambda x=x, y=y: kernels.dot_f64(cupy, x, y))
     out["mgpu_dot_kernel_gbps"] = 8 * m / t / 1e9
     # Peer copy GPU0 -> GPU1 with peer access (what a tile move over NVLink can reach).
     if cupy.cuda.runtime.getDeviceCount() > 1 and cupy.cuda.runtime.deviceCanAccessPeer(0, 1):
@@ -65,7 +65,7 @@ def ceilings(quick: bool) -> dict:
         with cupy.cuda.Device(1):
             dst1 = cupy.empty(x.nbytes, dtype=cupy.uint8)
         t, _ = _median_seconds(
-            lambda: cupy.cuda.runtime.memcpyPeerAsync(
+            lambda dst1=dst1, x=x: cupy.cuda.runtime.memcpyPeerAsync(
                 dst1.data.ptr, 1, x.data.ptr, 0, x.nbytes, cupy.cuda.get_current_stream().ptr
             )
         )
@@ -78,7 +78,7 @@ def ceilings(quick: bool) -> dict:
         xd, yd = cupy.asarray(xs), cupy.asarray(ys)
         counts = mandelbrot_counts(cupy, xd, yd, 1000)
         iters = float(counts.sum(dtype=np.int64))
-        t, _ = _median_seconds(lambda: mandelbrot_counts(cupy, xd, yd, 1000), repeat=3)
+        t, _ = _median_seconds(lambda xd=xd, yd=yd: mandelbrot_counts(cupy, xd, yd, 1000), repeat=3)
         out[f"mandelbrot_{dtype}_giters"] = iters / t / 1e9
     cupy.get_default_memory_pool().free_all_blocks()
     return out
@@ -297,15 +297,15 @@ def main() -> None:
     report["jobs"] = rows
     (outdir / "bench.json").write_text(json.dumps(report, indent=2))
     print(
-        "\n%-26s %4s %12s %9s %8s %8s %8s %7s"
-        % ("job", "dev", "throughput", "unit", "ratio", "kernel", "roofline", "wall")
+        "\n{:<26} {:>4} {:>12} {:>9} {:>8} {:>8} {:>8} {:>7}".format(
+            "job", "dev", "throughput", "unit", "ratio", "kernel", "roofline", "wall"
+        )
     )
     for r in rows:
         if "throughput" in r:
             roof = (r.get("roofline") or {}).get("fraction") or 0
             print(
-                "%-26s %4d %12.4g %9s %7.1f%% %7.1f%% %7.1f%% %6.1fs"
-                % (
+                "{:<26} {:>4d} {:>12.4g} {:>9} {:>7.1f}% {:>7.1f}% {:>7.1f}% {:>6.1f}s".format(
                     r["label"],
                     r["devices"],
                     r["throughput"],
@@ -317,7 +317,7 @@ def main() -> None:
                 )
             )
         else:
-            print("%-26s FAILED" % r["label"])
+            print("{:<26} FAILED".format(r["label"]))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import multiprocessing as mp
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -268,7 +269,10 @@ def _registered(path: str, span: tuple[int, int], dst: Any, dev: Any, v: dict[st
         marks.append(time.perf_counter())
         list(pool.map(unlock, starts))
     marks.append(time.perf_counter())
-    return {k: b - a for k, a, b in zip(("populate_s", "register_s", "dma_s", "unregister_s"), marks, marks[1:])}
+    return {
+        k: b - a
+        for k, (a, b) in zip(("populate_s", "register_s", "dma_s", "unregister_s"), pairwise(marks), strict=True)
+    }
 
 
 def _staged_chunk(v: dict[str, Any]) -> int:

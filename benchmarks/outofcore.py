@@ -372,7 +372,8 @@ def _read_once(paths: list[Path], threads: int = 8, piece: int = 64 << 20) -> fl
     with ThreadPoolExecutor(threads) as pool:
         for path in paths:
             size = path.stat().st_size
-            list(pool.map(lambda i: read(path, i * size // threads, (i + 1) * size // threads), range(threads)))
+            starts = [(path, i * size // threads, (i + 1) * size // threads) for i in range(threads)]
+            list(pool.map(lambda piece: read(*piece), starts))
     return time.perf_counter() - start
 
 

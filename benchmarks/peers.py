@@ -663,9 +663,7 @@ def run_step(step: Step, logs: Path, timeout: float, grace: float = 30.0) -> dic
     start = time.perf_counter()
     finished_at = None
     with open(log, "w") as fh:
-        proc = subprocess.Popen(
-            step.cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, process_group=0
-        )
+        proc = subprocess.Popen(step.cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, process_group=0)
         try:
             while True:
                 try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,7 @@ def step_medians(records: list[TileRecord]) -> dict[str, float]:
     steps: dict[str, list[float]] = defaultdict(list)
     for r in records:
         marks = [("start", r.start), *r.marks.items(), ("stop", r.stop)]
-        for (a, ta), (b, tb) in zip(marks, marks[1:]):
+        for (a, ta), (b, tb) in pairwise(marks):
             steps[f"{a}->{b}"].append(tb - ta)
     return {step: statistics.median(values) for step, values in steps.items()}
 
