@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+import socket
 import sys
 import time
 import warnings
@@ -16,10 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
 from distributed import Client, LocalCluster
 
 from . import config
-from .device import DeviceFacts, visible_gpu_count
+from .device import DeviceFacts, address_space_room, visible_gpu_count
 from .errors import JobInputError
 from .memory import AllocatorChoice, rmm_options
 from .memory.stats import AllocatorStats
@@ -28,7 +30,16 @@ from .signals import WORKER_PRELOAD, deferred
 from .sizes import resolve_size
 from .spec import ClusterSpec
 
-__all__ = ["ClusterInfo", "ResolvedCluster", "describe_workers", "open_cluster", "resolve_cluster", "scheduler_address"]
+__all__ = [
+    "ClusterInfo",
+    "ResolvedCluster",
+    "budget_for",
+    "describe_workers",
+    "expected_devices",
+    "open_cluster",
+    "resolve_cluster",
+    "scheduler_address",
+]
 
 # The per-device budget when memory_limit is "auto": room for the allocator and CUDA.
 AUTO_BUDGET = {"cuda": 0.8, "cpu": 0.5}
@@ -85,12 +96,70 @@ class ClusterInfo:
 
     def budget(self) -> int:
         """Bytes each task may hold on its device: the smallest worker's share."""
-        limit = self.resolved.memory_limit
-        return min(
-            # "auto" is the only string a checked memory_limit holds.
-            resolve_size(AUTO_BUDGET[f.backend] if isinstance(limit, str) else limit, f.memory)
-            for f in self.devices.values()
-        )
+        return budget_for(self.resolved.memory_limit, self.devices)
+
+
+def budget_for(memory_limit: int | float | str, devices: dict[str, DeviceFacts]) -> int:
+    """Bytes each task may hold on its device under ``cluster.memory_limit``: the smallest
+    device's share."""
+    return min(
+        # "auto" is the only string a checked memory_limit holds.
+        resolve_size(AUTO_BUDGET[f.backend] if isinstance(memory_limit, str) else memory_limit, f.memory)
+        for f in devices.values()
+    )
+
+
+def expected_devices(rc: ResolvedCluster) -> dict[str, DeviceFacts] | None:
+    """The devices of the cluster mgpu would start for ``rc``, without starting it.
+
+    CPU workers get the memory LocalCluster gives each (its share of the host's, as
+    Dask computes it); GPUs are described by NVML, with no CUDA context in this process.
+    None for a joined cluster (its workers are known once connected), or where NVML
+    cannot say.
+    """
+    if rc.scheduler:
+        return None
+    host = socket.gethostname()
+    if rc.backend == "cpu":
+        from distributed.worker_memory import parse_memory_limit
+
+        share = parse_memory_limit("auto", 1, max(1, len(rc.devices)), logger=logging.getLogger(__name__))
+        memory = address_space_room(share or psutil.virtual_memory().total)
+        return {f"cpu-{i}": DeviceFacts("cpu", i, "cpu", memory, memory, host) for i in range(len(rc.devices))}
+    try:
+        return _nvml_facts(rc.devices, host)
+    except Exception:
+        return None
+
+
+def _nvml_facts(ordinals: list[int], host: str) -> dict[str, DeviceFacts]:
+    import pynvml
+
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    pynvml.nvmlInit()
+    try:
+        out = {}
+        for d in ordinals:
+            which = visible[d] if d < len(visible) else str(d)
+            if which.isdigit():
+                handle = pynvml.nvmlDeviceGetHandleByIndex(int(which))
+            else:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(which)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            out[f"cuda-{d}"] = DeviceFacts(
+                "cuda",
+                d,
+                name.decode() if isinstance(name, bytes) else str(name),
+                int(mem.total),
+                int(mem.free),
+                host,
+                f"{major}.{minor}",
+            )
+        return out
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def _cuda_available() -> bool:

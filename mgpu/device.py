@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,10 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import psutil
 
 from . import kernels
 
-__all__ = ["Device", "DeviceFacts", "Timing", "current", "install", "visible_gpu_count"]
+__all__ = ["Device", "DeviceFacts", "Timing", "address_space_room", "current", "install", "visible_gpu_count"]
 
 
 @dataclass(frozen=True)
@@ -271,3 +273,12 @@ def visible_gpu_count() -> int:
     if visible is not None:
         count = min(count, len([v for v in visible.split(",") if v.strip()]))
     return count
+
+
+def address_space_room(memory: int) -> int:
+    """``memory``, or less where this process's address-space limit (``ulimit -v``, which
+    the workers it starts inherit) leaves less room than that beyond what it maps now."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return memory
+    return max(0, min(memory, soft - psutil.Process().memory_info().vms))

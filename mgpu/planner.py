@@ -17,15 +17,23 @@ from .errors import JobInputError
 from .sizes import format_bytes
 
 __all__ = [
+    "MAX_TILES",
     "Panel",
     "Plan",
     "Tile",
     "assign_contiguous",
+    "check_tile_count",
     "check_tiling_keys",
     "split",
     "split_by_cost",
     "split_by_size",
 ]
+
+# The most tiles one job may have. Each is a Dask task, a future in the client and a record
+# in the result: past this, scheduling alone takes minutes and the client's memory grows
+# with the job. Workloads count their tiles from the grid before they make any, so a job
+# of any size is planned (or refused) in microseconds and a few bytes.
+MAX_TILES = 20_000
 
 
 @dataclass(frozen=True)
@@ -163,3 +171,27 @@ def check_tiling_keys(tiling: Any, allowed: Sequence[str], workload: str) -> dic
     if unknown:
         raise JobInputError(f"tiling: unknown axis {unknown[0]!r} for {workload}; allowed: {', '.join(allowed)}")
     return dict(tiling)
+
+
+def check_tile_count(count: int, *, keys: str, what: str) -> None:
+    """Refuse a job that needs more than :data:`MAX_TILES` tiles, before any is made.
+
+    Parameters
+    ----------
+    count
+        The tiles the plan would have, counted from its grid.
+    keys
+        The job keys that set the count (named in the message).
+    what
+        The tiles' shape and working set, for the message.
+
+    Raises
+    ------
+    JobInputError
+        If ``count`` exceeds :data:`MAX_TILES`.
+    """
+    if count > MAX_TILES:
+        raise JobInputError(
+            f"{keys}: this job needs {count:,} tiles ({what}); mgpu runs at most {MAX_TILES:,} tiles a job. "
+            "Make the job smaller, its tiles larger (tiling), or the budget larger (cluster.memory_limit)"
+        )

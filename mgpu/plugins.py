@@ -114,6 +114,7 @@ def _cpu_device(worker: Any) -> _device.Device:
 
     limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
     total = int(limit) if limit else psutil.virtual_memory().total
+    total = _device.address_space_room(total)
     name = str(getattr(worker, "name", 0))
     facts = _device.DeviceFacts(
         backend="cpu",

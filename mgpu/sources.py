@@ -10,8 +10,12 @@ nothing under the output's name.
 
 from __future__ import annotations
 
+import io
+import math
 import os
+import resource
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +25,18 @@ import numpy as np
 from . import io, kernels, transfer
 from .device import Device
 from .errors import JobInputError
+from .sizes import format_bytes
 
-__all__ = ["NpyInfo", "NpySink", "NpySource", "RandomSource", "check_output_path", "inspect_npy"]
+__all__ = [
+    "NpyInfo",
+    "NpySink",
+    "NpySource",
+    "RandomSource",
+    "check_output_path",
+    "check_output_room",
+    "free_bytes",
+    "inspect_npy",
+]
 
 FLOAT_DTYPES = ("float16", "float32", "float64")
 
@@ -184,26 +198,52 @@ def check_output_path(path: str | Path, *, key: str, suffix: str, force: bool) -
     return str(p.resolve())
 
 
+def _npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
+    """The ``.npy`` header (format 1.0) of a C-ordered array of ``shape`` and ``dtype``."""
+    buf = io.BytesIO()
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape}
+    np.lib.format.write_array_header_1_0(buf, header)
+    return buf.getvalue()
+
+
 @dataclass(frozen=True)
 class NpySink:
-    """An output ``.npy`` written tile by tile under a temporary name, renamed on success."""
+    """An output ``.npy`` written tile by tile under a temporary name, renamed on success.
+
+    ``key`` is the job key that names the file (named in any error about it).
+    """
 
     path: str
     shape: tuple[int, ...]
     dtype: str
     partial: str = ""
     keep: bool = True  # False: scratch for a later step (a PNG), removed at the end
+    key: str = "params.output"
+    offset: int = 0  # of the data in the file: the header's length
 
     @classmethod
-    def for_path(cls, path: str, shape: tuple[int, ...], dtype: str, *, keep: bool = True) -> NpySink:
+    def for_path(
+        cls, path: str, shape: tuple[int, ...], dtype: str, *, keep: bool = True, key: str = "params.output"
+    ) -> NpySink:
         p = Path(path)
         partial = p.with_name(f".{p.name}.{uuid.uuid4().hex[:8]}.partial")
-        return cls(path, tuple(shape), dtype, str(partial), keep)
+        shape = tuple(int(s) for s in shape)
+        return cls(path, shape, dtype, str(partial), keep, key, len(_npy_header(shape, dtype)))
+
+    @property
+    def nbytes(self) -> int:
+        """The file's size once written: header and data."""
+        return self.offset + math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     def create(self) -> None:
-        """Write the header and size the file (sparse) so workers can map it."""
-        mm = np.lib.format.open_memmap(self.partial, mode="w+", dtype=self.dtype, shape=self.shape)
-        del mm
+        """Write the header and size the file (sparse) so workers can map it.
+
+        Nothing is mapped here: an output larger than this process's address space (a
+        ``ulimit -v``) is still created, and each write maps only its own rows.
+        """
+        with open(self.partial, "xb") as f:
+            f.write(_npy_header(self.shape, self.dtype))
+            f.truncate(self.nbytes)
 
     def write(self, index: tuple[slice, ...], block: Any, dev: Device | None = None) -> None:
         """Write ``block`` (on ``dev``, or a host array) at ``index`` of the file.
@@ -211,16 +251,28 @@ class NpySink:
         Through the shared memory map, the page cache holds the bytes for every process at
         once; nothing is synced to disk here (the rename on success publishes the file).
         """
+        r0, r1, _ = index[0].indices(self.shape[0])
+        if r1 <= r0:
+            return
+        row_bytes = math.prod(self.shape[1:]) * np.dtype(self.dtype).itemsize
         try:
-            mm = np.load(self.partial, mmap_mode="r+")
+            # The tile's rows only: a map of the whole file could exceed the address space.
+            mm = np.memmap(
+                self.partial,
+                dtype=self.dtype,
+                mode="r+",
+                offset=self.offset + r0 * row_bytes,
+                shape=(r1 - r0, *self.shape[1:]),
+            )
         except FileNotFoundError:
             # Gone only once the job was given up (failed or stopped) while this tile
             # still ran: there is nothing left to write into.
             return
+        rest = (slice(None), *index[1:])
         if dev is None:
-            mm[index] = block
+            mm[rest] = block
         else:
-            transfer.store(dev, mm[index], block)
+            transfer.store(dev, mm[rest], block)
         del mm
 
     def allocate(self, rows: tuple[int, int]) -> None:
@@ -252,3 +304,61 @@ class NpySink:
             os.unlink(self.partial)
         except FileNotFoundError:
             pass
+
+
+def free_bytes(folder: str) -> int:
+    """Bytes an unprivileged process may still write in ``folder``'s filesystem."""
+    st = os.statvfs(folder)
+    return st.f_bavail * st.f_frsize
+
+
+def _largest_file(folder: str) -> int | None:
+    """The largest file ``folder``'s filesystem holds, where it says (``FILESIZEBITS``)."""
+    try:
+        bits = os.pathconf(folder, "PC_FILESIZEBITS")
+    except (OSError, ValueError):
+        return None
+    return (1 << (bits - 1)) - 1 if 0 < bits < 64 else None
+
+
+def check_output_room(sinks: Sequence[NpySink]) -> None:
+    """Refuse outputs their filesystem cannot take, before anything is written.
+
+    Each file must fit this process's file-size limit (``ulimit -f``, inherited by the
+    workers it starts) and the filesystem's; the files of one filesystem together must
+    fit its free space (they are sparse until the workers fill them, so a check after
+    creating them would pass and the disk fill mid-job).
+
+    Raises
+    ------
+    JobInputError
+        Naming the output's key, its size and what the filesystem or limit allows.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    by_fs: dict[int, list[NpySink]] = {}
+    for sink in sinks:
+        folder = os.path.dirname(sink.partial)
+        size = format_bytes(sink.nbytes)
+        if soft != resource.RLIM_INFINITY and sink.nbytes > soft:
+            raise JobInputError(
+                f"{sink.key}: {sink.path} would be {size}, over this process's file-size limit "
+                f"(ulimit -f) of {format_bytes(soft)}; write a smaller output or raise the limit"
+            )
+        largest = _largest_file(folder)
+        if largest is not None and sink.nbytes > largest:
+            raise JobInputError(
+                f"{sink.key}: {sink.path} would be {size}, larger than the filesystem of {folder} "
+                f"holds ({format_bytes(largest)} a file); write it elsewhere or make the job smaller"
+            )
+        by_fs.setdefault(os.stat(folder).st_dev, []).append(sink)
+    for group in by_fs.values():
+        folder = os.path.dirname(group[0].partial)
+        need, free = sum(s.nbytes for s in group), free_bytes(folder)
+        if need > free:
+            keys = ", ".join(dict.fromkeys(s.key for s in group))
+            what = " and ".join(f"{s.path} ({format_bytes(s.nbytes)})" for s in group)
+            raise JobInputError(
+                f"{keys}: {what} {'need' if len(group) > 1 else 'needs'} {format_bytes(need)} but the "
+                f"filesystem of {folder} has {format_bytes(free)} free; free space, write elsewhere, "
+                "or make the job smaller"
+            )

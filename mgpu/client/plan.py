@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..device import DeviceFacts
 from ..errors import JobInputError
-from ..planner import check_tiling_keys
+from ..planner import Plan, check_tiling_keys
 from ..spec import Job
 from ..workloads import get_workload_class
 from ..workloads.base import Workload
 
-__all__ = ["Prepared", "check_outputs_distinct", "prepare"]
+__all__ = ["Prepared", "check_outputs_distinct", "plan_job", "prepare"]
 
 
 @dataclass
@@ -44,3 +45,16 @@ def check_outputs_distinct(prepared: list[Prepared]) -> None:
                     f"{sink.path}; give each job its own output"
                 )
             seen[sink.path] = p.job.name
+
+
+def plan_job(p: Prepared, devices: dict[str, DeviceFacts], budget: int, *, slots: bool, spill: bool) -> Plan:
+    """The job's plan for ``devices`` with ``budget`` bytes each; with ``slots`` the
+    workload's concurrent tiles share a device's budget.
+
+    Raises
+    ------
+    JobInputError
+        If the job cannot be tiled for these devices.
+    """
+    sharing = p.workload.concurrency if slots else 1  # tiles on one device at once
+    return p.workload.plan(devices, budget // sharing, p.tiling, spill=spill)

@@ -11,16 +11,25 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import config
-from ..cluster import ClusterInfo, describe_workers, open_cluster, resolve_cluster, scheduler_address
+from ..cluster import (
+    ClusterInfo,
+    budget_for,
+    describe_workers,
+    expected_devices,
+    open_cluster,
+    resolve_cluster,
+    scheduler_address,
+)
 from ..errors import JobFailed
 from ..memory import stats as alloc_stats
 from ..results import Recovery, Result, Startup
 from ..roofline import ceilings_for
 from ..security import check_tls
+from ..sources import check_output_room
 from ..spec import Job, check_one_cluster
 from ..workloads.base import TileRecord
 from .assemble import assemble, reference_beside
-from .plan import Prepared, check_outputs_distinct, prepare
+from .plan import Prepared, check_outputs_distinct, plan_job, prepare
 from .submit import run_plan, warm_up
 from .watch import Events
 
@@ -54,6 +63,15 @@ def run_jobs(jobs: Sequence[Job], events: Events | None = None, *, security: Any
     check_tls(scheduler_address(resolved.scheduler) if resolved.scheduler else None, security)
     prepared = [prepare(job) for job in jobs]
     check_outputs_distinct(prepared)
+    check_output_room([sink for p in prepared for sink in p.workload.sinks.values()])
+    # Every job is planned against the devices the cluster will have before it starts, so
+    # a job too large for them is refused with nothing started (a joined cluster's
+    # workers are known only once connected: its jobs are planned then, as every job is).
+    expected = expected_devices(resolved)
+    if expected:
+        budget = budget_for(resolved.memory_limit, expected)
+        for p in prepared:
+            plan_job(p, expected, budget, slots=True, spill=resolved.spill == "managed")
     t0 = time.perf_counter()
     results: list[Result] = []
     with open_cluster(resolved, security, settings) as info:
@@ -100,8 +118,7 @@ def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, clu
     try:
         ceilings = ceilings_for(info.client, info.devices, [job.workload])
         marks.append(time.perf_counter())
-        sharing = workload.concurrency if info.slots else 1  # tiles on one device at once
-        plan = workload.plan(info.devices, info.budget() // sharing, p.tiling, spill=info.spills)
+        plan = plan_job(p, info.devices, info.budget(), slots=info.slots, spill=info.spills)
         marks.append(time.perf_counter())
         events.planned(plan)
         for sink in sinks:

@@ -15,7 +15,7 @@ from ..device import Device, DeviceFacts
 from ..errors import JobInputError
 from ..inputs import InputParams, Operand
 from ..kernels import dot_check, dot_f64, random_pair_with_sums, to_host
-from ..planner import Plan, Tile, assign_contiguous, split
+from ..planner import Plan, Tile, assign_contiguous, check_tile_count, split
 from ..sizes import format_bytes
 from ..tiles import TileContext, run_tile
 from .base import TileRecord, Workload
@@ -95,6 +95,11 @@ class Dot(Workload[DotParams]):
                 )
             per_worker = math.ceil(p.n / len(workers))
             n_chunks = len(workers) * math.ceil(per_worker / max_len)
+        check_tile_count(
+            n_chunks,
+            keys="params.n" + (", tiling.n" if "n" in tiling else ""),
+            what=f"chunks of {math.ceil(p.n / n_chunks):,} elements",
+        )
         bounds = split(p.n, n_chunks)
         owners = assign_contiguous(len(bounds), workers)
         tiles = [Tile(i, {"n": b}, owners[i]) for i, b in enumerate(bounds)]

@@ -13,8 +13,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ...device import Device, DeviceFacts
-from ...planner import Plan, Tile, split_by_cost, split_by_size
+from ...errors import JobInputError
+from ...planner import Plan, Tile, check_tile_count, split_by_cost, split_by_size
 from ...roofline import median_seconds
+from ...sizes import format_bytes
 from ...sources import NpySink, check_output_path
 from ...tiles import TileContext, run_tile
 from ..base import TileRecord, Workload
@@ -37,6 +39,8 @@ _ESTIMATE_ROWS, _ESTIMATE_COLS, _ESTIMATE_MAX_ITER = 256, 128, 1000
 _PIXEL_STEPS = 26
 # Bands may be this many times taller than the equal-row bands (see plan()).
 _TALLEST_BAND = 2
+# Row costs are estimated for at most this many groups of rows (see plan()).
+_COST_GROUPS = 1 << 16
 # Per process: the running job's axes on the device (see Mandelbrot._axes_on).
 _AXES: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 _AXES_LOCK = threading.Lock()
@@ -117,12 +121,14 @@ class Mandelbrot(Workload[MandelbrotParams]):
         shape = (p.height, p.width)
         if out.npy:
             path = check_output_path(out.npy, key="params.output.npy", suffix=".npy", force=force)
-            self.sinks["counts"] = NpySink.for_path(path, shape, "int32")
+            self.sinks["counts"] = NpySink.for_path(path, shape, "int32", key="params.output.npy")
         if out.png:
             png = check_output_path(out.png, key="params.output.png", suffix=".png", force=force)
             self.png_path = png
             if "counts" not in self.sinks:  # the image is drawn from counts kept only meanwhile
-                self.sinks["counts"] = NpySink.for_path(png[:-4] + ".npy", shape, "int32", keep=False)
+                self.sinks["counts"] = NpySink.for_path(
+                    png[:-4] + ".npy", shape, "int32", keep=False, key="params.output.png"
+                )
 
     def plan(
         self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *, spill: bool = False
@@ -133,7 +139,22 @@ class Mandelbrot(Workload[MandelbrotParams]):
         rows = tiling.get("rows") or max(1, min((1 << 27) // p.width, math.ceil(p.height / (8 * len(devices)))))
         rows = min(rows, p.height)
         bytes_per_row = p.width * (4 + 2 * np.dtype(p.dtype).itemsize)
-        cost = row_costs(p)
+        if bytes_per_row > budget and not spill:
+            raise JobInputError(
+                f"params.width: one row of {p.width:,} pixels needs {format_bytes(bytes_per_row)} but the "
+                f"budget is {format_bytes(budget)} per band; make the image narrower or raise cluster.memory_limit"
+            )
+        rows = max(1, min(rows, budget // bytes_per_row))
+        check_tile_count(
+            math.ceil(p.height / rows),
+            keys="params.height" + (", tiling.rows" if tiling.get("rows") else ""),
+            what=f"bands of {rows:,} rows x {p.width:,} columns",
+        )
+        # Rows are costed in groups, at most _COST_GROUPS of them: a tall image plans as fast
+        # and in as little memory as one of 65536 rows.
+        group = math.ceil(p.height / _COST_GROUPS)
+        cost = row_costs(p, group)
+        edges = np.minimum(np.arange(len(cost) + 1) * group, p.height)
         if tiling.get("rows") or "counts" in self.sinks:
             # Rows as asked. Or every count also goes to the host and into a file, which on
             # a GPU takes longer a pixel than ~1000 steps of counting: rows cost about the same.
@@ -145,9 +166,14 @@ class Mandelbrot(Workload[MandelbrotParams]):
             # rows at once on one H200 stalled each other for 100-500 ms (their 4 GB
             # allocations, it seems); bands of 2048 never did.
             tallest = max(1, min(_TALLEST_BAND * rows, budget // bytes_per_row))
-            bands = split_by_cost(cost.tolist(), math.ceil(p.height / rows), tallest)
+            pieces = split_by_cost(cost.tolist(), math.ceil(p.height / rows), max(1, tallest // group))
+            bands = [(int(edges[lo]), int(edges[hi])) for lo, hi in pieces]
         before = np.concatenate([[0.0], np.cumsum(cost)])
-        tiles = [Tile(i, {"rows": (r0, r1)}, cost=float(before[r1] - before[r0])) for i, (r0, r1) in enumerate(bands)]
+        lo_hi = np.array(bands, dtype=np.float64).reshape(-1, 2)
+        costs = np.interp(lo_hi[:, 1], edges, before) - np.interp(lo_hi[:, 0], edges, before)
+        tiles = [
+            Tile(i, {"rows": (r0, r1)}, cost=float(c)) for i, ((r0, r1), c) in enumerate(zip(bands, costs, strict=True))
+        ]
         # Dynamic placement hands tiles out from the front: dearest first, so the tail
         # that decides when the last worker ends is made of the cheapest bands.
         tiles.sort(key=lambda t: t.cost, reverse=True)
@@ -285,11 +311,13 @@ class Mandelbrot(Workload[MandelbrotParams]):
         return [png]
 
 
-def row_costs(p: MandelbrotParams) -> np.ndarray:
-    """Estimated iterations of each row of the image, from a coarse grid counted in NumPy.
+def row_costs(p: MandelbrotParams, group: int = 1) -> np.ndarray:
+    """Estimated iterations of each row of the image (or of each ``group`` rows, the last
+    group the rest), from a coarse grid counted in NumPy.
 
     The counts of at most 256 x 128 points spread over the same window, a row's mean
-    interpolated to every row of the image, plus what a pixel costs besides its steps.
+    interpolated to the middle of every row (or group) of the image, plus what a pixel
+    costs besides its steps.
     """
     rows, cols = min(p.height, _ESTIMATE_ROWS), min(p.width, _ESTIMATE_COLS)
     steps = min(p.max_iter, _ESTIMATE_MAX_ITER)
@@ -300,8 +328,10 @@ def row_costs(p: MandelbrotParams) -> np.ndarray:
     counts = np.where(counts >= steps, p.max_iter, counts)
     per_row = (counts.mean(axis=1) + _PIXEL_STEPS) * p.width
     # Image row i lies at (i + 0.5) / height of the window, as does coarse row j at (j + 0.5) / rows.
-    at = (np.arange(p.height) + 0.5) * (rows / p.height) - 0.5
-    return np.interp(at, np.arange(rows), per_row)
+    first = np.arange(0, p.height, group)
+    size = np.minimum(group, p.height - first)
+    at = (first + size / 2) * (rows / p.height) - 0.5
+    return np.interp(at, np.arange(rows), per_row) * size
 
 
 def _sample(tile: Tile, width: int) -> tuple[list[int], int]:

@@ -17,7 +17,7 @@ from ...errors import JobInputError
 from ...inputs import InputParams, Operand
 from ...kernels import matvec_f64, random_block
 from ...panels import PanelRef, copy_rows, enable_all_peers, open_remote, peer_ordinal, publish, resident
-from ...planner import Panel, Plan, Tile, assign_contiguous, split, split_by_size
+from ...planner import Panel, Plan, Tile, assign_contiguous, check_tile_count, split, split_by_size
 from ...roofline import median_seconds
 from ...sizes import format_bytes
 from ...sources import NpySink, RandomSource, check_output_path
@@ -172,6 +172,12 @@ class Matmul(Workload[MatmulParams]):
         tm, tn, tk = choose_matmul_tiles(
             p.m, p.n, p.k, itemsize, budget=budget, n_workers=len(devices), explicit=tiling, spill=spill
         )
+        working_set = matmul_working_set(tm, tn, tk, p.k, itemsize)
+        check_tile_count(
+            math.ceil(p.m / tm) * math.ceil(p.n / tn),
+            keys="params.m, params.n",
+            what=f"{tm} x {tn} x {tk}, {format_bytes(working_set)} each of a {format_bytes(budget)} budget",
+        )
         boxes = [(r, c) for r in split_by_size(p.m, tm) for c in split_by_size(p.n, tn)]
         owners = assign_contiguous(len(boxes), list(devices))
         tiles = [Tile(i, {"m": r, "n": c}, owners[i], args={"tk": tk}) for i, (r, c) in enumerate(boxes)]
@@ -179,7 +185,7 @@ class Matmul(Workload[MatmulParams]):
             tiles=tiles,
             placement="static",
             tile_shape={"m": tm, "n": tn, "k": tk},
-            working_set=matmul_working_set(tm, tn, tk, p.k, itemsize),
+            working_set=working_set,
             budget=budget,
         )
 
@@ -210,6 +216,11 @@ class Matmul(Workload[MatmulParams]):
         tm, tn = max(hi - lo for lo, hi in rows), max(hi - lo for lo, hi in cols)
         itemsize = np.dtype(p.dtype).itemsize
         pieces = math.ceil(tm * tn * itemsize / _WRITE_TILE_BYTES) if p.output else 1
+        check_tile_count(
+            w * w * pieces * (_B_PARTS if p.output else 1),
+            keys="params.m, params.n",
+            what=f"C pieces of about {format_bytes(_WRITE_TILE_BYTES)} on {w} device(s)",
+        )
         a_pieces = [_pieces(rows[i], pieces) for i in range(w)]
         b_pieces = [_pieces(cols[j], _B_PARTS if p.output else 1) for j in range(w)]
         tms = max(hi - lo for part in a_pieces for lo, hi in part)

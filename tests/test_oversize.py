@@ -1,0 +1,272 @@
+"""Jobs larger than the machine: refused up front, in bounded memory, with nothing started.
+
+Each case runs ``python -m mgpu submit`` as a user would, in its own session and under an
+address-space limit (as ``prlimit --as`` would set), and checks the exit code, the one
+message naming the key, that no traceback was printed, that nothing was written, that no
+process of the session outlived it, and that it peaked well under 1 GiB.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import subprocess
+import sys
+import time
+import tracemalloc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from conftest import invoke, write_job
+
+from mgpu.device import DeviceFacts
+from mgpu.errors import JobInputError
+from mgpu.planner import MAX_TILES
+from mgpu.workloads.dot import Dot, DotParams
+from mgpu.workloads.mandelbrot import Mandelbrot, MandelbrotParams
+from mgpu.workloads.matmul import Matmul, MatmulParams
+
+ROOT = Path(__file__).resolve().parents[1]
+# The limit each mgpu process ran under in the report: 8 GB of address space.
+ADDRESS_SPACE = 8_000_000_000
+
+
+@dataclass
+class Run:
+    code: int
+    stdout: str
+    stderr: str
+    max_rss: int  # bytes, of mgpu and every process it waited for
+    seconds: float
+    leftovers: list[str]  # processes of mgpu's session still alive after it exited
+
+
+def _session_processes(sid: int) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) == sid:
+                found.append(proc)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            pass
+    return found
+
+
+# Runs mgpu as a child and reports its peak RSS: in a fresh interpreter, RUSAGE_CHILDREN's
+# maximum is mgpu's (or that of a process it started and waited for), no other test's.
+_PROBE = (
+    "import resource, subprocess, sys\n"
+    "rc = subprocess.call([sys.executable, '-m', 'mgpu', *sys.argv[1:]])\n"
+    "print('MAXRSS', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, file=sys.stderr)\n"
+    "sys.exit(rc)\n"
+)
+
+
+def run_mgpu(*args: Any, limits: dict[int, int] | None = None, timeout: float = 180) -> Run:
+    """``python -m mgpu ARGS`` in a session of its own, under ``limits`` (rlimit -> bytes).
+
+    The address space is limited to 8 GB unless ``limits`` says otherwise, so a job that
+    tries to hold what it cannot fails here instead of taking the machine down.
+    """
+    limits = {resource.RLIMIT_AS: ADDRESS_SPACE, **(limits or {})}
+
+    def preexec() -> None:
+        for which, value in limits.items():
+            resource.setrlimit(which, (value, value))
+
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PROBE, *map(str, args)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=preexec,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    seconds = time.perf_counter() - start
+    # What mgpu started and left behind is reparented but keeps the session.
+    deadline = time.monotonic() + 10
+    leftovers = _session_processes(proc.pid)
+    while leftovers and time.monotonic() < deadline:  # a worker being closed may still be exiting
+        psutil.wait_procs(leftovers, timeout=0.5)
+        leftovers = _session_processes(proc.pid)
+    names = []
+    for p in leftovers:  # never leave them to the next test
+        with contextlib.suppress(psutil.Error):
+            names.append(" ".join(p.cmdline()[:4]))
+            p.kill()
+    rss = [ln for ln in stderr.splitlines() if ln.startswith("MAXRSS ")]
+    assert rss, stderr
+    stderr = "".join(ln + "\n" for ln in stderr.splitlines() if not ln.startswith("MAXRSS "))
+    return Run(proc.returncode, stdout, stderr, int(rss[-1].split()[1]), seconds, names)
+
+
+def assert_refused(run: Run, key: str, *phrases: str) -> None:
+    """Exit 2, one ``mgpu: error:`` line naming ``key``, no traceback, nothing left behind."""
+    assert run.code == 2, run.stderr
+    assert "Traceback" not in run.stderr and "Error:" not in run.stderr.replace("mgpu: error:", ""), run.stderr
+    lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"mgpu: error: {key}"), run.stderr
+    for phrase in phrases:
+        assert phrase in lines[0], lines[0]
+    assert run.leftovers == []
+    assert run.max_rss < 1 << 30, f"mgpu peaked at {run.max_rss / 2**20:.0f} MiB refusing the job"
+
+
+def _listing(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def _job(tmp_path: Path, workload: str, params: dict[str, Any], **extra: Any) -> Path:
+    doc = {"workload": workload, "params": params, "cluster": {"backend": "cpu", "dashboard": None}, **extra}
+    return write_job(tmp_path / "job.yaml", doc)
+
+
+# -- the cases of the report ------------------------------------------------------------
+
+
+def test_matmul_of_ten_million_cubed_with_an_output_is_refused_for_its_size(tmp_path):
+    job = _job(tmp_path, "matmul", {"m": 10**7, "n": 10**7, "k": 10**7, "output": str(tmp_path / "c.npy")})
+    run = run_mgpu("submit", job, "-q")
+    assert_refused(run, "params.output", "363.80 TiB", str(tmp_path / "c.npy"))
+    assert _listing(tmp_path) == ["job.yaml"]
+
+
+def test_matmul_of_ten_million_cubed_is_refused_for_its_tile_count(tmp_path):
+    job = _job(tmp_path, "matmul", {"m": 10**7, "n": 10**7, "k": 10**7})
+    run = run_mgpu("submit", job, "-q")
+    assert_refused(run, "params.m, params.n", f"at most {MAX_TILES:,} tiles")
+    assert run.seconds < 30  # no cluster was started: a refusal costs the imports only
+
+
+def test_output_larger_than_the_free_disk_is_refused(tmp_path):
+    # 10^6 x 10^6 float32 is 3.6 TiB; the report's disk had 79 GiB free.
+    job = _job(tmp_path, "matmul", {"m": 10**6, "n": 10**6, "k": 64, "output": str(tmp_path / "c.npy")})
+    run = run_mgpu("submit", job, "-q")
+    assert_refused(run, "params.output", "3.64 TiB", "free")
+    assert _listing(tmp_path) == ["job.yaml"]
+
+
+def test_mandelbrot_larger_than_the_filesystem_is_refused(tmp_path):
+    out = tmp_path / "m.npy"
+    job = _job(tmp_path, "mandelbrot", {"width": 10**7, "height": 10**7, "output": {"npy": str(out)}})
+    run = run_mgpu("submit", job, "-q")
+    assert_refused(run, "params.output.npy", str(out))
+    assert _listing(tmp_path) == ["job.yaml"]
+
+
+def test_dot_of_ten_trillion_is_refused_for_its_tile_count(tmp_path):
+    job = _job(tmp_path, "dot", {"n": 10**13})
+    run = run_mgpu("submit", job, "-q")
+    assert_refused(run, "params.n", "tiles")
+
+
+# -- limits of the filesystem and the process ----------------------------------------------
+
+
+def test_output_over_the_file_size_limit_is_refused(tmp_path):
+    out = tmp_path / "c.npy"
+    job = _job(tmp_path, "matmul", {"m": 1024, "n": 1024, "k": 64, "output": str(out)})  # 4 MiB
+    run = run_mgpu("submit", job, "-q", limits={resource.RLIMIT_FSIZE: 1 << 20})
+    assert_refused(run, "params.output", "ulimit -f", "1.00 MiB")
+    assert _listing(tmp_path) == ["job.yaml"]
+
+
+def test_outputs_of_several_jobs_together_must_fit_the_free_space(tmp_path, monkeypatch):
+    free = 5 << 20
+
+    class FakeStat:
+        f_bavail, f_frsize = free // 4096, 4096
+
+    monkeypatch.setattr(os, "statvfs", lambda path: FakeStat())
+    jobs = []
+    for name in ("one", "two"):  # 4 MiB each: either fits alone, not both
+        jobs.append(
+            write_job(
+                tmp_path / f"{name}.yaml",
+                {
+                    "workload": "matmul",
+                    "params": {"m": 1024, "n": 1024, "k": 64, "output": str(tmp_path / f"{name}.npy")},
+                    "cluster": {"backend": "cpu", "dashboard": None},
+                },
+            )
+        )
+    res = invoke("submit", *jobs, "-q")
+    assert res.code == 2 and "Traceback" not in res.stderr
+    assert res.stderr.startswith("mgpu: error: params.output: ")
+    assert "need 8.00 MiB" in res.stderr and "5.00 MiB free" in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.yaml", "two.yaml"]
+
+
+def test_a_band_row_wider_than_the_budget_is_refused(tmp_path):
+    job = _job(tmp_path, "mandelbrot", {"width": 10**6, "height": 4}, cluster={"backend": "cpu", "memory_limit": "1MB"})
+    run = run_mgpu("submit", job, "-q")
+    assert_refused(run, "params.width", "per band")
+
+
+def test_a_smallest_tile_over_the_budget_is_refused_before_a_cluster_starts(tmp_path):
+    job = _job(tmp_path, "matmul", {"m": 4096, "n": 4096, "k": 4096}, cluster={"backend": "cpu", "memory_limit": "1MB"})
+    run = run_mgpu("submit", job, "-q")
+    assert_refused(run, "cluster.memory_limit", "budget")
+    assert run.seconds < 30
+
+
+# -- planning in bounded memory -------------------------------------------------------------
+
+
+def _cpus(n: int, memory: int = 12 << 30) -> dict[str, DeviceFacts]:
+    return {f"cpu-{i}": DeviceFacts("cpu", i, "cpu", memory, memory, "host") for i in range(n)}
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Matmul(MatmulParams(m=10**7, n=10**7, k=10**7)),
+        lambda: Matmul(MatmulParams(m=10**7, n=10**7, k=10**7, operands="distributed")),
+        lambda: Dot(DotParams(n=10**13)),
+        lambda: Mandelbrot(MandelbrotParams(width=10**7, height=10**7)),
+    ],
+    ids=["matmul", "matmul-distributed", "dot", "mandelbrot"],
+)
+def test_planning_a_job_of_any_size_is_quick_and_small(make):
+    def plan() -> int:
+        try:
+            return len(make().plan(_cpus(2), 6 << 30, {}, spill=True).tiles)
+        except JobInputError as e:  # refused for its tile count, having made none
+            assert f"at most {MAX_TILES:,} tiles" in str(e)
+            return 0
+
+    start = time.perf_counter()
+    plan()
+    seconds = time.perf_counter() - start
+    tracemalloc.start()
+    tiles = plan()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    # A plan made holds its tiles (what the run needs) and little else.
+    assert seconds < 1.0 and peak < (1 << 20) + 600 * tiles, (seconds, peak, tiles)
+
+
+def test_a_tall_image_is_planned_in_bounded_memory():
+    # 10^7 rows in bands of 1000: 10,000 bands, costed in groups of rows, not row by row.
+    workload = Mandelbrot(MandelbrotParams(width=1000, height=10**7, max_iter=100))
+    tracemalloc.start()
+    start = time.perf_counter()
+    plan = workload.plan(_cpus(2), 1 << 30, {"rows": 1000})
+    seconds = time.perf_counter() - start
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(plan.tiles) == 10_000
+    assert sum(t.size("rows") for t in plan.tiles) == 10**7
+    assert seconds < 1.0 and peak < 32 << 20, (seconds, peak)
