@@ -89,15 +89,47 @@ def random_block(
         out = xp.empty((h, w), dtype=dtype)
         _cupy_random_fill(out, key, r0 * total_cols + c0, total_cols)
         return out
-    g = (
-        np.arange(r0, r1, dtype=np.uint64)[:, None] * np.uint64(total_cols)
-        + np.arange(c0, c1, dtype=np.uint64)[None, :]
-    )
-    z = g * np.uint64(_GAMMA) + np.uint64(key)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
+    out = np.empty((h, w), dtype=dtype)
+    # In pieces of at most RANDOM_PIECE elements: the hash's uint64 temporaries (8 bytes an
+    # element each) stay a few MB whatever the block's size (see random_scratch).
+    rows_per = max(1, RANDOM_PIECE // max(1, w))
+    cols_per = min(w, RANDOM_PIECE)
+    for a in range(0, h, rows_per):
+        for b in range(0, w, cols_per):
+            rows_here = min(h, a + rows_per) - a
+            cols_here = min(w, b + cols_per) - b
+            g = np.arange(r0 + a, r0 + a + rows_here, dtype=np.uint64)[:, None] * np.uint64(total_cols)
+            g = g + np.arange(c0 + b, c0 + b + cols_here, dtype=np.uint64)[None, :]
+            out[a : a + rows_here, b : b + cols_here] = _splitmix_values(g, key, bits, scale)
+    return out
+
+
+# Elements of a random block hashed at once on a CPU.
+RANDOM_PIECE = 1 << 18
+
+
+def random_scratch(elements: int) -> int:
+    """Bytes a CPU's :func:`random_block` of ``elements`` holds beyond the block: the
+    uint64 hash, one uint64 temporary and the float64 values of a piece (8 bytes an
+    element each). A GPU's kernel writes the block directly."""
+    return 3 * 8 * min(elements, RANDOM_PIECE)
+
+
+def _splitmix_values(g: np.ndarray, key: int, bits: int, scale: float) -> np.ndarray:
+    """Values in [-1, 1) (float64) of the uint64 element indices ``g`` (consumed)."""
+    z = g
+    z *= np.uint64(_GAMMA)
+    z += np.uint64(key)
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(_MIX1)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(_MIX2)
     z ^= z >> np.uint64(31)
-    return ((z >> np.uint64(64 - bits)).astype(np.float64) * scale - 1.0).astype(dtype)
+    z >>= np.uint64(64 - bits)
+    values = z.astype(np.float64)
+    values *= scale
+    values -= 1.0
+    return values
 
 
 # A launch covers at most this many elements of a row (a multiple of every vector width),
@@ -309,6 +341,16 @@ def random_pair_with_sums(
     return x, y, partial.sum(axis=(0, 1))
 
 
+# Elements of x and y a CPU casts to float64 at once.
+DOT_PIECE = 1 << 20
+
+
+def dot_scratch(n: int) -> int:
+    """Bytes a CPU's :func:`dot_f64` and :func:`dot_check` of ``n`` elements hold beyond
+    x and y: a float64 piece of each. A GPU's kernels make none."""
+    return 2 * 8 * min(n, DOT_PIECE)
+
+
 def dot_f64(xp: Any, x: Any, y: Any) -> float:
     """``sum(x * y)`` with every product and the sum in float64, for 1-D ``x`` and ``y``.
 
@@ -319,7 +361,7 @@ def dot_f64(xp: Any, x: Any, y: Any) -> float:
         return _cupy_dot(x, y)
     # np.dot on float64 views is BLAS-fast; do it in slices to bound the float64 copies.
     total = 0.0
-    step = 1 << 22
+    step = DOT_PIECE
     for s in range(0, x.shape[0], step):
         total += float(np.dot(x[s : s + step].astype(np.float64), y[s : s + step].astype(np.float64)))
     return total
@@ -482,12 +524,24 @@ def dot_check(xp: Any, x: Any, y: Any) -> tuple[float, float]:
         s, a = to_host(cupy, partial.reshape(blocks, 2).sum(axis=0))
         return float(s), float(a)
     total = scale = 0.0
-    step = 1 << 22
+    step = DOT_PIECE
     for s in range(0, x.shape[0], step):
-        prod = x[s : s + step].astype(np.float64) * y[s : s + step].astype(np.float64)
+        prod = x[s : s + step].astype(np.float64)
+        prod *= y[s : s + step]
         total += float(prod.sum())
-        scale += float(np.abs(prod).sum())
+        np.abs(prod, out=prod)
+        scale += float(prod.sum())
     return total, scale
+
+
+# Bytes of the float64 row pieces matvec_f64 casts at once on a CPU.
+MATVEC_SCRATCH = 16 << 20
+
+
+def matvec_scratch(rows: int, cols: int) -> int:
+    """Bytes a CPU's :func:`matvec_f64` of a ``rows`` x ``cols`` matrix holds beyond it
+    and its result: the float64 copy of a piece of rows. A GPU's kernel makes none."""
+    return 8 * cols * min(rows, max(1, MATVEC_SCRATCH // (8 * max(1, cols))))
 
 
 def matvec_f64(xp: Any, m: Any, v: Any) -> Any:
@@ -510,7 +564,7 @@ def matvec_f64(xp: Any, m: Any, v: Any) -> Any:
         elif rows:
             out[:] = 0
         return out
-    piece = max(1, (256 << 20) // (8 * max(1, m.shape[1])))
+    piece = max(1, MATVEC_SCRATCH // (8 * max(1, m.shape[1])))
     if m.shape[0] <= piece:
         return m.astype(np.float64, copy=False) @ v
     out = np.empty(m.shape[0], dtype=np.float64)

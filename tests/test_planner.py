@@ -24,7 +24,7 @@ from mgpu.planner import (
 )
 from mgpu.workloads.dot import Dot, DotParams
 from mgpu.workloads.mandelbrot import Mandelbrot, MandelbrotParams, mandelbrot_axes, mandelbrot_counts, row_costs
-from mgpu.workloads.matmul import Matmul, MatmulParams, choose_matmul_tiles, matmul_working_set
+from mgpu.workloads.matmul import Matmul, MatmulParams, choose_matmul_tiles, cpu_working_set, matmul_working_set
 
 AWKWARD = [1, 2, 3, 7, 13, 97, 101, 1000, 10_007]
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
@@ -262,7 +262,7 @@ def test_matmul_plan_covers_c_exactly_once(m, n, k, n_workers, tiling):
 @pytest.mark.parametrize("m,n,k", [(97, 89, 101), (600, 700, 900)])
 def test_matmul_plan_under_a_small_budget_covers_c_and_fits(m, n, k):
     devices = _devices(2)
-    budget = matmul_working_set(256, 256, 256, k, 4) + 1000
+    budget = cpu_working_set(256, 256, 256, k, 4) + 1000  # CPU workers: NumPy's temporaries count
     wl = Matmul(MatmulParams(m=m, n=n, k=k))
     plan = wl.plan(devices, budget, {})
     cover = np.zeros((m, n), dtype=np.int32)
@@ -412,7 +412,7 @@ def test_row_costs_are_the_coarse_counts_interpolated():
 
 def test_spill_lets_the_smallest_tile_exceed_the_budget():
 
-    budget = 1 << 20
+    budget = 1 << 19  # a 256 x 256 x 256 float32 tile holds 0.8 MB
     with pytest.raises(JobInputError, match="cluster.memory_limit"):
         choose_matmul_tiles(4096, 4096, 4096, 4, budget=budget, n_workers=2)
     tm, tn, tk = choose_matmul_tiles(4096, 4096, 4096, 4, budget=budget, n_workers=2, spill=True)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import numpy as np
 from pydantic import Field
 
-from .. import io
+from .. import io, kernels
 from ..device import Device, DeviceFacts
 from ..errors import JobInputError
 from ..inputs import InputParams, Operand
@@ -78,20 +78,24 @@ class Dot(Workload[DotParams]):
         p = self.params
         itemsize = np.dtype(p.dtype).itemsize
         workers = list(devices)
-        # x and y of a chunk, plus room for the check's float64 pieces.
-        max_len = int(budget * 0.75) // (2 * itemsize)
+
+        def chunk_bytes(length: int) -> int:
+            return 2 * itemsize * length + self.scratch(devices, length)
+
         if "n" in tiling:
             chunk = min(tiling["n"], p.n)
-            if 2 * itemsize * chunk > budget and not spill:
+            if chunk_bytes(chunk) > budget and not spill:
                 raise JobInputError(
-                    f"tiling.n: a chunk of {chunk} elements needs {format_bytes(2 * itemsize * chunk)} "
+                    f"tiling.n: a chunk of {chunk} elements needs {format_bytes(chunk_bytes(chunk))} "
                     f"but the per-device budget is {format_bytes(budget)}"
                 )
             n_chunks = math.ceil(p.n / chunk)
         else:
+            max_len = _longest_within(chunk_bytes, budget, p.n)
             if max_len < 1:
                 raise JobInputError(
-                    f"cluster.memory_limit: {format_bytes(budget)} per device cannot hold one element of x and y"
+                    f"cluster.memory_limit: {format_bytes(budget)} per device cannot hold one element of x and y "
+                    f"({format_bytes(chunk_bytes(1))} with the kernels' temporaries)"
                 )
             per_worker = math.ceil(p.n / len(workers))
             n_chunks = len(workers) * math.ceil(per_worker / max_len)
@@ -104,7 +108,15 @@ class Dot(Workload[DotParams]):
         owners = assign_contiguous(len(bounds), workers)
         tiles = [Tile(i, {"n": b}, owners[i]) for i, b in enumerate(bounds)]
         longest = max(hi - lo for lo, hi in bounds)
-        return Plan(tiles, "static", {"n": longest}, 2 * itemsize * longest, budget)
+        return Plan(tiles, "static", {"n": longest}, chunk_bytes(longest), budget)
+
+    @staticmethod
+    def scratch(devices: dict[str, DeviceFacts], n: int) -> int:
+        """Bytes a task of at most ``n`` elements holds beside its chunks of x and y: a
+        CPU's kernels' temporaries (the random chunks' hash, then the float64 pieces of
+        the sums, one after the other); a GPU's kernels make none."""
+        cpu = any(f.backend == "cpu" for f in devices.values())
+        return max(kernels.random_scratch(n), kernels.dot_scratch(n)) if cpu else 0
 
     def run(self, ctx: TileContext, tile: Tile) -> _Sum:
         """Make or read the chunk's x and y and reduce them.
@@ -224,3 +236,15 @@ class Dot(Workload[DotParams]):
     def reduce(self, records: list[TileRecord]) -> float:
         # In tile order, so the answer does not depend on which chunk finished first.
         return float(sum(cast(float, r.value) for r in sorted(records, key=lambda r: r.index)))  # every tile has one
+
+
+def _longest_within(size: Callable[[int], int], budget: int, most: int) -> int:
+    """The largest length in [1, most] whose ``size`` (growing with it) fits ``budget``; 0 if none."""
+    lo, hi = 0, most
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if size(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

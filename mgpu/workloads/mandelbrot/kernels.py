@@ -13,7 +13,7 @@ import numpy as np
 
 from ...kernels import is_cupy
 
-__all__ = ["mandelbrot_axes", "mandelbrot_counts"]
+__all__ = ["mandelbrot_axes", "mandelbrot_counts", "mandelbrot_scratch"]
 
 
 def mandelbrot_axes(
@@ -74,18 +74,38 @@ def _cupy_mandelbrot_kernel() -> Any:
     )
 
 
+# Pixels a CPU iterates at once.
+MANDELBROT_PIECE = 1 << 16
+
+
+def mandelbrot_scratch(pixels: int, itemsize: int) -> int:
+    """Bytes a CPU's :func:`mandelbrot_counts` of ``pixels`` holds beyond the counts: c,
+    z and three more values of each point of a piece (``itemsize`` each) and its index,
+    twice while escaped points are dropped, and the piece's positions, counts and masks."""
+    return (2 * (7 * itemsize + 8) + 8 + 8 + 4 + 2) * min(pixels, MANDELBROT_PIECE)
+
+
 def _numpy_mandelbrot(x: np.ndarray, y: np.ndarray, max_iter: int) -> np.ndarray:
     h, w = y.shape[0], x.shape[0]
-    cr = np.broadcast_to(x[None, :], (h, w)).ravel().copy()
-    ci = np.broadcast_to(y[:, None], (h, w)).ravel().copy()
+    counts = np.empty(h * w, dtype=np.int32)
+    # In pieces of pixels: the per-point temporaries stay a few MB whatever the band.
+    for start in range(0, h * w, MANDELBROT_PIECE):
+        stop = min(h * w, start + MANDELBROT_PIECE)
+        flat = np.arange(start, stop)
+        counts[start:stop] = _numpy_mandelbrot_points(x[flat % w], y[flat // w], max_iter)
+    return counts.reshape(h, w)
+
+
+def _numpy_mandelbrot_points(cr: np.ndarray, ci: np.ndarray, max_iter: int) -> np.ndarray:
+    """Escape counts of the points ``cr + i ci`` (1-D, one dtype)."""
     # Points still iterating; a point's count is the step at which it escaped, so the
     # loop never touches the counts of live points (one fewer array op per step).
-    counts = np.full(h * w, max_iter, dtype=np.int32)
-    idx = np.arange(h * w)
+    counts = np.full(cr.shape[0], max_iter, dtype=np.int32)
+    idx = np.arange(cr.shape[0])
     zr = np.zeros_like(cr)
     zi = np.zeros_like(ci)
     zr2, zi2, t = np.empty_like(cr), np.empty_like(cr), np.empty_like(cr)
-    four = x.dtype.type(4)
+    four = cr.dtype.type(4)
     for n in range(max_iter):
         np.multiply(zr, zr, out=zr2)
         np.multiply(zi, zi, out=zi2)
@@ -104,4 +124,4 @@ def _numpy_mandelbrot(x: np.ndarray, y: np.ndarray, max_iter: int) -> np.ndarray
         zi += ci
         np.subtract(zr2, zi2, out=zr)
         zr += cr
-    return counts.reshape(h, w)
+    return counts

@@ -20,7 +20,7 @@ from ...sizes import format_bytes
 from ...sources import NpySink, check_output_path
 from ...tiles import TileContext, run_tile
 from ..base import TileRecord, Workload
-from .kernels import mandelbrot_axes, mandelbrot_counts
+from .kernels import mandelbrot_axes, mandelbrot_counts, mandelbrot_scratch
 
 __all__ = ["Mandelbrot", "MandelbrotParams", "render_png", "row_costs"]
 
@@ -138,13 +138,14 @@ class Mandelbrot(Workload[MandelbrotParams]):
         # beside it (~10 ms), and about 8 or more per worker so the fast ones can take more.
         rows = tiling.get("rows") or max(1, min((1 << 27) // p.width, math.ceil(p.height / (8 * len(devices)))))
         rows = min(rows, p.height)
-        bytes_per_row = p.width * (4 + 2 * np.dtype(p.dtype).itemsize)
-        if bytes_per_row > budget and not spill:
+        bytes_per_row, fixed = self.band_bytes(devices)
+        if bytes_per_row + fixed > budget and not spill:
             raise JobInputError(
-                f"params.width: one row of {p.width:,} pixels needs {format_bytes(bytes_per_row)} but the "
+                f"params.width: one row of {p.width:,} pixels needs {format_bytes(bytes_per_row + fixed)} but the "
                 f"budget is {format_bytes(budget)} per band; make the image narrower or raise cluster.memory_limit"
             )
-        rows = max(1, min(rows, budget // bytes_per_row))
+        room = max(bytes_per_row, budget - fixed)
+        rows = max(1, min(rows, room // bytes_per_row))
         check_tile_count(
             math.ceil(p.height / rows),
             keys="params.height" + (", tiling.rows" if tiling.get("rows") else ""),
@@ -165,7 +166,7 @@ class Mandelbrot(Workload[MandelbrotParams]):
             # None taller than twice the equal-row bands, though: two bands of 14000-17000
             # rows at once on one H200 stalled each other for 100-500 ms (their 4 GB
             # allocations, it seems); bands of 2048 never did.
-            tallest = max(1, min(_TALLEST_BAND * rows, budget // bytes_per_row))
+            tallest = max(1, min(_TALLEST_BAND * rows, room // bytes_per_row))
             pieces = split_by_cost(cost.tolist(), math.ceil(p.height / rows), max(1, tallest // group))
             bands = [(int(edges[lo]), int(edges[hi])) for lo, hi in pieces]
         before = np.concatenate([[0.0], np.cumsum(cost)])
@@ -178,7 +179,18 @@ class Mandelbrot(Workload[MandelbrotParams]):
         # that decides when the last worker ends is made of the cheapest bands.
         tiles.sort(key=lambda t: t.cost, reverse=True)
         tallest = max(t.size("rows") for t in tiles)
-        return Plan(tiles, "dynamic", {"rows": tallest, "cols": p.width}, tallest * bytes_per_row, budget)
+        return Plan(tiles, "dynamic", {"rows": tallest, "cols": p.width}, tallest * bytes_per_row + fixed, budget)
+
+    def band_bytes(self, devices: dict[str, DeviceFacts]) -> tuple[int, int]:
+        """(bytes a band holds per row, bytes it holds whatever its height): the counts
+        (int32) per row; on a CPU the kernel's temporaries, on a GPU the job's axes
+        (kept on the device) and the sample."""
+        p = self.params
+        if any(f.backend == "cpu" for f in devices.values()):
+            fixed = mandelbrot_scratch(p.width * p.height, np.dtype(p.dtype).itemsize)
+        else:
+            fixed = (p.width + p.height) * np.dtype(p.dtype).itemsize + 8 * _CHECK_COLUMNS
+        return 4 * p.width, fixed
 
     def run(self, ctx: TileContext, tile: Tile) -> _Band:
         p = self.params

@@ -8,7 +8,7 @@ rows of C and streams A and B through them: out of core on one GPU, see stream.p
 
 from __future__ import annotations
 
-from .planning import choose_matmul_tiles, matmul_working_set
+from .planning import choose_matmul_tiles, cpu_working_set, matmul_working_set
 from .workload import Matmul, MatmulParams
 
-__all__ = ["Matmul", "MatmulParams", "choose_matmul_tiles", "matmul_working_set"]
+__all__ = ["Matmul", "MatmulParams", "choose_matmul_tiles", "cpu_working_set", "matmul_working_set"]

@@ -3,18 +3,37 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
+from ... import kernels
 from ...errors import JobInputError
 from ...sizes import format_bytes
 
-__all__ = ["choose_matmul_tiles", "matmul_working_set"]
+__all__ = ["choose_matmul_tiles", "cpu_working_set", "matmul_working_set"]
 
 
 def matmul_working_set(tm: int, tn: int, tk: int, k: int, itemsize: int) -> int:
-    """Bytes one matmul task holds: an A block, a B block, the C tile (+ an accumulator
-    when k is split), and the float64 check vectors."""
-    acc = tm * tn if tk < k else 0
-    return itemsize * (tm * tk + tk * tn + tm * tn + acc) + 8 * 4 * (tm + tn + tk)
+    """Bytes one matmul task holds on a GPU: an A block, a B block, the C tile (cuBLAS adds
+    each k block's product into it) and the float64 check vectors; the kernels make no
+    temporaries. ``k`` is unused here; a CPU's estimate (:func:`cpu_working_set`) needs it."""
+    return itemsize * (tm * tk + tk * tn + tm * tn) + 8 * 4 * (tm + tn + tk)
+
+
+def cpu_working_set(tm: int, tn: int, tk: int, k: int, itemsize: int) -> int:
+    """Bytes one matmul task holds at most on a CPU: while it runs over k, its A and B
+    blocks and C tile, and the largest temporary beside them (the random blocks' hash,
+    the check's float64 piece of A or B, or, with k split, NumPy's product before
+    ``c += a @ b`` adds it); then C and the float64 piece of its check; and the float64
+    check vectors throughout."""
+    blocks = itemsize * (tm * tk + tk * tn + tm * tn)
+    beside = max(
+        itemsize * tm * tn if tk < k else 0,
+        kernels.random_scratch(max(tm * tk, tk * tn)),
+        kernels.matvec_scratch(tk, tn),
+        kernels.matvec_scratch(tm, tk),
+    )
+    check = itemsize * tm * tn + kernels.matvec_scratch(tm, tn)
+    return max(blocks + beside, check) + 8 * 4 * (tm + tn + tk)
 
 
 def choose_matmul_tiles(
@@ -28,6 +47,7 @@ def choose_matmul_tiles(
     explicit: dict[str, int] | None = None,
     min_tile: int = 256,
     spill: bool = False,
+    working_set: Callable[[int, int, int], int] | None = None,
 ) -> tuple[int, int, int]:
     """Tile sizes (tm, tn, tk) for C[m, n] = A[m, k] @ B[k, n] under a per-device budget.
 
@@ -36,7 +56,8 @@ def choose_matmul_tiles(
     splits k only once both are at ``min_tile``. Explicit sizes are kept as given.
 
     With ``spill`` (managed memory takes what the budget cannot), the smallest tile is
-    returned even when it does not fit.
+    returned even when it does not fit. ``working_set(tm, tn, tk)`` is the bytes a tile
+    holds (by default :func:`matmul_working_set`, a GPU's).
 
     Raises
     ------
@@ -53,7 +74,12 @@ def choose_matmul_tiles(
             tm = math.ceil(m / n_workers)
         else:
             tn = math.ceil(n / n_workers)
-    while matmul_working_set(tm, tn, tk, k, itemsize) > budget:
+    if working_set is None:
+
+        def working_set(tm: int, tn: int, tk: int) -> int:
+            return matmul_working_set(tm, tn, tk, k, itemsize)
+
+    while working_set(tm, tn, tk) > budget:
         if "m" not in explicit and tm >= tn and tm > min_tile:
             tm = math.ceil(tm / 2)
         elif "n" not in explicit and tn > min_tile:
@@ -65,7 +91,7 @@ def choose_matmul_tiles(
         elif spill:
             break
         else:
-            need = matmul_working_set(tm, tn, tk, k, itemsize)
+            need = working_set(tm, tn, tk)
             raise JobInputError(
                 f"cluster.memory_limit: a matmul tile of {tm} x {tn} x {tk} needs "
                 f"{format_bytes(need)} per device but the budget is {format_bytes(budget)}; "

@@ -25,7 +25,7 @@ from ...tiles import TileContext, run_tile
 from ..base import Workload
 from ..checks import relative_residual, unit_roundoff
 from . import stream
-from .planning import choose_matmul_tiles, matmul_working_set
+from .planning import choose_matmul_tiles, cpu_working_set, matmul_working_set
 
 __all__ = ["Matmul", "MatmulParams"]
 
@@ -169,10 +169,25 @@ class Matmul(Workload[MatmulParams]):
         if p.operands == "streamed":
             return stream.plan(self, devices, budget, tiling, spill=spill)
         itemsize = np.dtype(p.dtype).itemsize
+        # A CPU's kernels make temporaries, and NumPy a second product; a GPU's neither.
+        on_cpu = any(f.backend == "cpu" for f in devices.values())
+        estimate = cpu_working_set if on_cpu else matmul_working_set
+
+        def tile_bytes(tm: int, tn: int, tk: int) -> int:
+            return estimate(tm, tn, tk, p.k, itemsize)
+
         tm, tn, tk = choose_matmul_tiles(
-            p.m, p.n, p.k, itemsize, budget=budget, n_workers=len(devices), explicit=tiling, spill=spill
+            p.m,
+            p.n,
+            p.k,
+            itemsize,
+            budget=budget,
+            n_workers=len(devices),
+            explicit=tiling,
+            spill=spill,
+            working_set=tile_bytes,
         )
-        working_set = matmul_working_set(tm, tn, tk, p.k, itemsize)
+        working_set = tile_bytes(tm, tn, tk)
         check_tile_count(
             math.ceil(p.m / tm) * math.ceil(p.n / tn),
             keys="params.m, params.n",
