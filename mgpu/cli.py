@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from . import __version__
+from .client.estimate import Estimate
 from .client.run import run_jobs
 from .client.watch import Events
 from .errors import JobFailed, JobInputError
@@ -56,6 +57,9 @@ class _Reporter(Events):
 
     def planned(self, plan: Any) -> None:
         self.console.print(f"mgpu: plan: {plan.describe()}")
+        expected = plan.notes.get("estimate")
+        if expected:
+            self.console.print(f"mgpu: {Estimate(**expected).describe()}", soft_wrap=True)
         self.start_bar(len(plan.tiles))
 
     def start_bar(self, total: int) -> None:
@@ -170,6 +174,7 @@ def cli() -> None:
 @click.option("--force", is_flag=True, help="replace output files that already exist")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar and no table")
 @click.option("--keep-open", is_flag=True, help="keep the cluster and dashboard up after the jobs until Ctrl-C")
+@click.option("--dry-run", is_flag=True, help="check, plan and estimate the jobs; start nothing")
 def submit(
     job_files: tuple[Path, ...],
     devices: str | None,
@@ -188,6 +193,7 @@ def submit(
     force: bool,
     quiet: bool,
     keep_open: bool,
+    dry_run: bool,
 ) -> None:
     """Run job files, one after another on one cluster, and report each."""
     if scheduler and scheduler_file:
@@ -214,6 +220,9 @@ def submit(
     )
     reporter.keep_open = keep_open
     not_run = ""
+    if dry_run:
+        _dry_run(job_files, overrides, json_path)
+        return
     try:
         jobs = [load_job(f, overrides) for f in job_files]
         if json_path and json_path != "-" and not Path(json_path).expanduser().parent.is_dir():
@@ -244,6 +253,30 @@ def submit(
 
     if reporter.results[-1].status != "ok":
         _fail(f"verification failed: the result is wrong{not_run}", JobFailed.exit_code)
+
+
+def _dry_run(job_files: tuple[Path, ...], overrides: list[str], json_path: str | None) -> None:
+    """``submit --dry-run``: each job's plan for the devices it would get, and its estimate."""
+    from .client.estimate import as_json, describe, dry_run
+
+    try:
+        jobs = [load_job(f, overrides) for f in job_files]
+        if json_path and json_path != "-" and not Path(json_path).expanduser().parent.is_dir():
+            raise JobInputError(f"--json: the folder of {json_path!r} does not exist")
+        runs = dry_run(jobs)
+    except JobInputError as e:
+        _fail(str(e), JobInputError.exit_code)
+    console = Console(stderr=json_path == "-")
+    for run in runs:
+        for line in describe(run):
+            console.print(line, soft_wrap=True)
+    if json_path:
+        docs = [as_json(r) for r in runs]
+        text = json.dumps(docs if len(docs) > 1 else docs[0], indent=2)
+        if json_path == "-":
+            click.echo(text)
+        else:
+            Path(json_path).expanduser().write_text(text + "\n")
 
 
 def _write_json(results: list[Any], json_path: str | None, *, several: bool) -> None:

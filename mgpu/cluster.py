@@ -317,10 +317,16 @@ def _silence_distributed_logs() -> None:
     logging.getLogger("distributed").setLevel(logging.CRITICAL)
 
 
+def _silence_task_errors() -> None:
+    # A task that raises reaches the user as mgpu's one message (its key and exception);
+    # the worker's own log of it, and of the tasks cancelled after, would print tracebacks.
+    logging.getLogger("distributed.worker").setLevel(logging.CRITICAL)
+
+
 def _quiet_teardown(client: Client) -> None:
-    """Before closing a cluster mgpu started, stopped mid-job: its workers, closed with tiles
-    still running, would print Dask's teardown (cancelled tasks, a heartbeat to a closed
-    scheduler, with tracebacks) under mgpu's own message."""
+    """Before closing a cluster mgpu started, stopped or failed mid-job: its workers, closed
+    with tiles still running, would print Dask's teardown (cancelled tasks, a heartbeat to
+    a closed scheduler, with tracebacks) under mgpu's own message."""
     with contextlib.suppress(Exception):
         client.run(_silence_distributed_logs)
         client.run(_silence_distributed_logs, nanny=True)
@@ -351,6 +357,8 @@ def open_cluster(
                 cluster = _start_cuda(rc) if rc.backend == "cuda" else _start_cpu(rc)
             client = Client(cluster)
         client.register_plugin(SettingsSetup(settings))
+        if cluster is not None:
+            client.run(_silence_task_errors)
         client.register_plugin(DeviceSetup(rc.backend if rc.backend != "auto" else "auto"))
         if rc.spill == "managed":
             from .memory.spill import SpillToManaged
@@ -372,7 +380,8 @@ def open_cluster(
             client, rc, owned=cluster is not None, devices=ordered, spills=rc.spill == "managed", slots=slots
         )
     finally:
-        stopped = isinstance(sys.exc_info()[1], KeyboardInterrupt)  # Ctrl-C or SIGTERM (signals.Interrupted)
+        # Stopped (Ctrl-C, SIGTERM: signals.Interrupted) or failed: tiles may still be running.
+        stopped = sys.exc_info()[1] is not None
         with deferred():  # a signal now would leave worker processes behind
             if client is not None:
                 if stopped and cluster is not None:

@@ -247,6 +247,7 @@ def build_result(
             "tile_shape": plan.tile_shape,
             "working_set": plan.working_set,
             "budget": plan.budget,
+            "expected_s": plan.notes.get("estimate", {}).get("seconds"),
         },
         env=runtime_env(info),
         recovery=recovery or Recovery(),

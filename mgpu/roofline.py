@@ -22,16 +22,39 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import config
+from . import config, kernels
 from .device import Device, current
 
 if TYPE_CHECKING:
     from .device import DeviceFacts
 
-__all__ = ["DEVICE_CEILINGS", "ceiling_units", "ceilings_for", "measure_ceilings", "median_seconds"]
+__all__ = [
+    "DEVICE_CEILINGS",
+    "all_groups",
+    "cache_key",
+    "ceiling_units",
+    "ceilings_for",
+    "groups_missing",
+    "measure_ceilings",
+    "median_seconds",
+    "read_cache",
+    "software",
+    "write_cache",
+]
 
 # The device's own ceilings (name -> unit); a workload may name one as its bound.
-DEVICE_CEILINGS = {"copy": "GB/s", "h2d_pinned": "GB/s", "d2h_pinned": "GB/s", "peer": "GB/s"}
+DEVICE_CEILINGS = {
+    "copy": "GB/s",
+    "h2d_pinned": "GB/s",
+    "d2h_pinned": "GB/s",
+    "peer": "GB/s",
+    # A tile's work besides its main kernel: making random operands (mgpu's generator) and
+    # the checks' float64 matrix-vector products; on CPUs most of a matmul tile's time.
+    "random": "Gelem/s",
+    "check": "Gelem/s",
+}
+# The side of the square blocks the generator and the check are timed on, per backend.
+_SIDE = {"cuda": 8192, "cpu": 1024}
 # The group of ceilings measured here (the others are named by their workload).
 _DEVICE = "device"
 # Bytes copied per sample: well past launch overheads, per backend.
@@ -92,6 +115,17 @@ def _device_ceilings(dev: Device) -> dict[str, float]:
     dst = xp.empty_like(src)
     out = {"copy": 2 * src.nbytes / median_seconds(dev, lambda: dst.__setitem__(slice(None), src)) / 1e9}
     src = dst = None  # freed before the transfers allocate theirs
+    n = _SIDE[dev.backend]
+
+    def made(operand: int = 1) -> Any:
+        return kernels.random_block(
+            xp, seed=0, operand=operand, rows=(0, n), cols=(0, n), total_cols=n, dtype="float32"
+        )
+
+    out["random"] = n * n / median_seconds(dev, made) / 1e9
+    mat, vec = made(0), xp.ones(n, dtype=xp.float64)
+    out["check"] = n * n / median_seconds(dev, lambda: kernels.matvec_f64(xp, mat, vec)) / 1e9
+    mat = vec = None
     if dev.is_gpu:
         out.update(_transfer_rates(dev, nbytes))
     return out
@@ -137,10 +171,11 @@ def _cache_path() -> Path:
 
 
 # Bump when measure_ceilings measures something new, so older cached entries are redone.
-_MEASURES = 2
+_MEASURES = 3
 
 
-def _cache_key(facts: DeviceFacts, versions: dict[str, str]) -> str:
+def cache_key(facts: DeviceFacts, versions: dict[str, str]) -> str:
+    """The cache's key of a device's ceilings: its model and memory, and the software."""
     name = facts.name if facts.backend == "cuda" else f"{platform.processor() or platform.machine()}"
     return "|".join(
         [f"v{_MEASURES}", facts.backend, name, f"{facts.memory >> 30}GiB"]
@@ -148,14 +183,15 @@ def _cache_key(facts: DeviceFacts, versions: dict[str, str]) -> str:
     )
 
 
-def _software() -> dict[str, str]:
+def software() -> dict[str, str]:
+    """The versions of the software a ceiling depends on, in this process."""
     from .info import _versions
 
     v = _versions()
     return {k: v[k] for k in ("numpy", "cupy", "cupy-cuda13x", "cupy-cuda12x", "mgpu") if k in v}
 
 
-def _groups_missing(rates: dict[str, float], groups: Sequence[str]) -> list[str]:
+def groups_missing(rates: dict[str, float], groups: Sequence[str]) -> list[str]:
     """The groups none of whose ceilings ``rates`` holds (a workload may measure none of
     its ceilings on a backend: it is asked again, at no cost)."""
     from .workloads import get_workload_class
@@ -181,19 +217,14 @@ def ceilings_for(
     (all registered ones by default). One worker per distinct device model measures what
     its model's cache entry lacks; its figures stand for its peers.
     """
-    from .workloads import workload_names
 
-    groups = [_DEVICE, *(workload_names() if workloads is None else workloads)]
-    path = _cache_path()
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
-    versions = client.run(_software)
-    keys = {addr: _cache_key(f, versions.get(addr, {})) for addr, f in devices.items()}
+    groups = all_groups(workloads)
+    cache = read_cache()
+    versions = client.run(software)
+    keys = {addr: cache_key(f, versions.get(addr, {})) for addr, f in devices.items()}
     missing: dict[str, tuple[str, list[str]]] = {}  # addr -> (key, groups to measure)
     for addr, key in keys.items():
-        todo = groups if refresh else _groups_missing(cache.get(key, {}), groups)
+        todo = groups if refresh else groups_missing(cache.get(key, {}), groups)
         if todo and key not in (k for k, _ in missing.values()):
             missing[addr] = (key, list(todo))
     if missing:
@@ -210,11 +241,33 @@ def ceilings_for(
         }
         for key, fut in futures.items():
             cache[key] = {**({} if refresh else cache.get(key, {})), **fut.result()}
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only home still gets its figures for this run
+        write_cache(cache)
     return {addr: cache[key] for addr, key in keys.items()}
+
+
+def all_groups(workloads: Sequence[str] | None = None) -> list[str]:
+    """The groups of ceilings measured together: the device's own, then each workload's
+    (``workloads``, or every registered one)."""
+    from .workloads import workload_names
+
+    return [_DEVICE, *(workload_names() if workloads is None else workloads)]
+
+
+def read_cache() -> dict[str, dict[str, float]]:
+    """Every cached device's ceilings (key -> {name: rate}); empty without a cache."""
+    try:
+        return json.loads(_cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_cache(cache: dict[str, dict[str, float]]) -> None:
+    """Replace the cache with ``cache`` at once (a reader never sees half of it)."""
+    path = _cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home still gets its figures for this run

@@ -10,6 +10,7 @@ nothing under the output's name.
 
 from __future__ import annotations
 
+import errno
 import io
 import math
 import os
@@ -24,10 +25,12 @@ import numpy as np
 
 from . import io, kernels, transfer
 from .device import Device
-from .errors import JobInputError
+from .errors import JobFailed, JobInputError
 from .sizes import format_bytes
 
 __all__ = [
+    "FileStamp",
+    "InputChanged",
     "NpyInfo",
     "NpySink",
     "NpySource",
@@ -81,14 +84,59 @@ class RandomSource:
             )
 
 
+class InputChanged(RuntimeError):
+    """An input file changed (truncated, rewritten or replaced) while a job read it."""
+
+
+@dataclass(frozen=True)
+class FileStamp:
+    """Which file a path named when its header was read: its inode, size and modification time."""
+
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: str | Path) -> FileStamp:
+        st = os.stat(path)
+        return cls(st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 @dataclass(frozen=True)
 class NpyInfo:
-    """What a ``.npy`` header says, read without loading the data."""
+    """What a ``.npy`` header says, read without loading the data; ``key`` names the job key
+    of the file and ``stamp`` the file read (see :meth:`check`)."""
 
     path: str
     shape: tuple[int, ...]
     dtype: str
     offset: int | None = None  # of the data; None unless C-ordered in native byte order (raw reads)
+    key: str = "input"
+    stamp: FileStamp | None = None
+
+    def check(self) -> None:
+        """Raise :class:`InputChanged`, naming the key and the file, if the file is not the
+        one whose header was read (on the client, before the job started).
+
+        Tasks check before they read: a file truncated under a memory map would kill the
+        worker (SIGBUS), and one rewritten or replaced would give a wrong answer.
+        """
+        if self.stamp is None:
+            return
+        try:
+            now = FileStamp.of(self.path)
+        except FileNotFoundError:
+            raise InputChanged(f"{self.key}: {self.path} was removed while the job read it") from None
+        if now.inode != self.stamp.inode:
+            what = "replaced by another file"
+        elif now.size != self.stamp.size:
+            shorter = now.size < self.stamp.size
+            what = f"{'truncated' if shorter else 'extended'} to {now.size:,} bytes from {self.stamp.size:,}"
+        elif now.mtime_ns != self.stamp.mtime_ns:
+            what = "rewritten"
+        else:
+            return
+        raise InputChanged(f"{self.key}: {self.path} was {what} while the job read it; the job's answer would be wrong")
 
 
 def inspect_npy(path: str | Path, *, key: str) -> NpyInfo:
@@ -103,7 +151,14 @@ def inspect_npy(path: str | Path, *, key: str) -> NpyInfo:
     if arr.dtype.name not in FLOAT_DTYPES:
         raise ValueError(f"{key}: {str(path)!r} holds {arr.dtype}; allowed: {', '.join(FLOAT_DTYPES)}")
     raw = arr.flags.c_contiguous and arr.dtype.isnative
-    return NpyInfo(str(p.resolve()), tuple(int(s) for s in arr.shape), arr.dtype.name, arr.offset if raw else None)
+    return NpyInfo(
+        str(p.resolve()),
+        tuple(int(s) for s in arr.shape),
+        arr.dtype.name,
+        arr.offset if raw else None,
+        key,
+        FileStamp.of(p),
+    )
 
 
 @dataclass(frozen=True)
@@ -118,6 +173,7 @@ class NpySource:
 
     def view(self, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> np.ndarray:
         """The block as a view of the file's memory map (nothing read yet)."""
+        self.info.check()
         mm = np.load(self.info.path, mmap_mode="r")
         return mm[rows[0] : rows[1]] if cols is None else mm[rows[0] : rows[1], cols[0] : cols[1]]
 
@@ -125,6 +181,7 @@ class NpySource:
         """``(offset, bytes)`` of the block in the file where a GPU reads it with KvikIO
         (see :func:`mgpu.io.read_method`: the block is one range of the file and the file's
         bytes are the array's); else None."""
+        self.info.check()  # a GPU's reads come here first: the file must be the one checked
         info = self.info
         width = info.shape[1] if len(info.shape) == 2 else 1
         contiguous = cols is None or (cols[0], cols[1]) == (0, width)
@@ -236,14 +293,30 @@ class NpySink:
         return self.offset + math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     def create(self) -> None:
-        """Write the header and size the file (sparse) so workers can map it.
+        """Write the header, size the file and reserve its blocks, so workers can map it.
 
-        Nothing is mapped here: an output larger than this process's address space (a
-        ``ulimit -v``) is still created, and each write maps only its own rows.
+        The blocks are reserved now because the workers write through memory maps: a
+        disk that filled mid-job would kill them (SIGBUS) on a page of a sparse file; a
+        reservation that fails here fails the job at once, naming the file. Nothing is
+        mapped here: an output larger than this process's address space (a ``ulimit -v``)
+        is still created, and each write maps only its own rows.
+
+        Raises
+        ------
+        JobFailed
+            If the filesystem cannot hold the file (it filled since the job was checked).
         """
         with open(self.partial, "xb") as f:
             f.write(_npy_header(self.shape, self.dtype))
             f.truncate(self.nbytes)
+            try:
+                os.posix_fallocate(f.fileno(), 0, self.nbytes)
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    raise JobFailed(
+                        f"{self.key}: could not reserve {format_bytes(self.nbytes)} for {self.path} "
+                        f"({e.strerror}); nothing was kept"
+                    ) from None
 
     def write(self, index: tuple[slice, ...], block: Any, dev: Device | None = None) -> None:
         """Write ``block`` (on ``dev``, or a host array) at ``index`` of the file.

@@ -9,6 +9,7 @@ process of the session outlived it, and that it peaked well under 1 GiB.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import resource
 import subprocess
@@ -58,16 +59,20 @@ def _session_processes(sid: int) -> list[psutil.Process]:
 
 # Runs mgpu as a child and reports its peak RSS: in a fresh interpreter, RUSAGE_CHILDREN's
 # maximum is mgpu's (or that of a process it started and waited for), no other test's.
+# Its first argument is Python run before mgpu's entry point (a fault to inject, say).
 _PROBE = (
     "import resource, subprocess, sys\n"
-    "rc = subprocess.call([sys.executable, '-m', 'mgpu', *sys.argv[1:]])\n"
+    "main = sys.argv[1] + '\\nimport sys; sys.argv[0] = \"mgpu\"\\nfrom mgpu.cli import main; main()'\n"
+    "rc = subprocess.call([sys.executable, '-c', main, *sys.argv[2:]])\n"
     "print('MAXRSS', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, file=sys.stderr)\n"
     "sys.exit(rc)\n"
 )
 
 
-def run_mgpu(*args: Any, limits: dict[int, int] | None = None, timeout: float = 180) -> Run:
-    """``python -m mgpu ARGS`` in a session of its own, under ``limits`` (rlimit -> bytes).
+def start_mgpu(
+    *args: Any, limits: dict[int, int] | None = None, env: dict[str, str] | None = None, prelude: str = ""
+) -> subprocess.Popen:
+    """``mgpu ARGS`` in a session of its own, under ``limits`` (rlimit -> bytes).
 
     The address space is limited to 8 GB unless ``limits`` says otherwise, so a job that
     tries to hold what it cannot fails here instead of taking the machine down.
@@ -78,19 +83,22 @@ def run_mgpu(*args: Any, limits: dict[int, int] | None = None, timeout: float = 
         for which, value in limits.items():
             resource.setrlimit(which, (value, value))
 
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _PROBE, *map(str, args)],
+    return subprocess.Popen(
+        [sys.executable, "-c", _PROBE, prelude, *map(str, args)],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=preexec,
         start_new_session=True,
     )
+
+
+def finish_mgpu(proc: subprocess.Popen, start: float, timeout: float = 300, stdout: str = "") -> Run:
+    """Wait for mgpu; then find what it left running in its session, and kill that."""
     try:
-        stdout, stderr = proc.communicate(timeout=timeout)
+        out, stderr = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -109,7 +117,13 @@ def run_mgpu(*args: Any, limits: dict[int, int] | None = None, timeout: float = 
     rss = [ln for ln in stderr.splitlines() if ln.startswith("MAXRSS ")]
     assert rss, stderr
     stderr = "".join(ln + "\n" for ln in stderr.splitlines() if not ln.startswith("MAXRSS "))
-    return Run(proc.returncode, stdout, stderr, int(rss[-1].split()[1]), seconds, names)
+    return Run(proc.returncode, stdout + out, stderr, int(rss[-1].split()[1]), seconds, names)
+
+
+def run_mgpu(*args: Any, limits: dict[int, int] | None = None, prelude: str = "", timeout: float = 300) -> Run:
+    """``mgpu ARGS`` to its end (see :func:`start_mgpu` and :func:`finish_mgpu`)."""
+    start = time.perf_counter()
+    return finish_mgpu(start_mgpu(*args, limits=limits, prelude=prelude), start, timeout)
 
 
 def assert_refused(run: Run, key: str, *phrases: str) -> None:
@@ -271,3 +285,138 @@ def test_a_tall_image_is_planned_in_bounded_memory():
     assert len(plan.tiles) == 10_000
     assert sum(t.size("rows") for t in plan.tiles) == 10**7
     assert seconds < 1.0 and peak < 32 << 20, (seconds, peak)
+
+
+# -- failures mid-way: one message, exit 1, nothing kept, nothing left running ------------------
+
+
+def assert_failed_cleanly(run: Run, folder: Path, before: list[str], *phrases: str) -> None:
+    """Exit 1, the cause named, no traceback, no output or partial file, no process left."""
+    assert run.code == 1, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr, run.stderr
+    for phrase in phrases:
+        assert phrase in run.stderr, run.stderr
+    assert _listing(folder) == before  # neither the output nor its partial file
+    assert run.leftovers == []
+
+
+def _matmul_files(tmp_path: Path, m: int = 512, k: int = 256, n: int = 512) -> tuple[Path, Path]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a, b = tmp_path / "a.npy", tmp_path / "b.npy"
+    np.save(a, rng.standard_normal((m, k), dtype=np.float32))
+    np.save(b, rng.standard_normal((k, n), dtype=np.float32))
+    return a, b
+
+
+@pytest.mark.parametrize("change", ["truncated", "replaced"])
+def test_an_input_file_changed_while_the_job_reads_it_fails_the_job_cleanly(tmp_path, change):
+    import numpy as np
+
+    a, b = _matmul_files(tmp_path)
+    job = _job(
+        tmp_path,
+        "matmul",
+        {"input": {"a": str(a), "b": str(b)}, "output": str(tmp_path / "c.npy")},
+        tiling={"m": 64, "n": 512},
+    )
+    before = _listing(tmp_path)
+    start = time.perf_counter()
+    # Each tile waits a second before it reads, so the file changes under a running job.
+    proc = start_mgpu("submit", job, env={"DASK_MGPU__TESTING__TILE_DELAY": "1.0"})
+    seen = ""
+    for line in proc.stdout:  # the plan is printed once the cluster is up, before any tile
+        seen += line
+        if line.startswith("mgpu: plan:"):
+            break
+    if change == "truncated":
+        with open(a, "r+b") as f:
+            f.truncate(1000)
+    else:
+        np.save(tmp_path / "other.npy", np.zeros((512, 256), dtype=np.float32))
+        os.replace(tmp_path / "other.npy", a)
+    run = finish_mgpu(proc, start, stdout=seen)
+    assert_failed_cleanly(run, tmp_path, before, "input.a", str(a), change)
+
+
+def test_a_disk_full_when_the_output_is_made_fails_the_job_cleanly(tmp_path):
+    # The disk fills between the check of its free space and the output's reservation.
+    full = (
+        "import errno, os\n"
+        "def full(fd, offset, length):\n"
+        "    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))\n"
+        "os.posix_fallocate = full\n"
+    )
+    out = tmp_path / "c.npy"
+    job = _job(tmp_path, "matmul", {"m": 256, "n": 256, "k": 64, "output": str(out)})
+    before = _listing(tmp_path)
+    run = run_mgpu("submit", job, "-q", prelude=full)
+    assert_failed_cleanly(run, tmp_path, before, "params.output", str(out), "No space left on device")
+    assert run.stderr.count("mgpu:") == 1
+
+
+def test_a_tile_larger_than_its_worker_can_hold_fails_the_job_cleanly(tmp_path):
+    # The budget is said to be 100 GB, but each worker may map 8 GB: its first chunk of
+    # 2 * 10^9 float32 elements (8 GB) cannot be allocated.
+    job = _job(
+        tmp_path,
+        "dot",
+        {"n": 2 * 10**9},
+        tiling={"n": 2 * 10**9},
+        cluster={"backend": "cpu", "devices": 1, "memory_limit": "100GB", "dashboard": None},
+    )
+    before = _listing(tmp_path)
+    run = run_mgpu("submit", job, "-q")
+    assert_failed_cleanly(run, tmp_path, before, "ran out of memory", "MemoryError", "tiling")
+    assert run.stderr.count("mgpu:") == 1
+
+
+# -- --dry-run and the estimate ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ceiling_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ceilings")
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+@pytest.mark.parametrize("job", sorted((ROOT / "jobs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_dry_run_plans_and_estimates_every_job_and_starts_nothing(job, ceiling_cache, tmp_path):
+    import dask.config
+
+    before = _children()
+    with dask.config.set({"mgpu.cache-dir": str(ceiling_cache)}):
+        res = invoke("submit", job, "--backend", "cpu", "--dry-run", "--json", tmp_path / "plan.json")
+    assert res.code == 0, res.output
+    assert "mgpu: plan:" in res.stdout and "mgpu: expected" in res.stdout
+    assert "running on" not in res.output  # no cluster
+    assert _children() <= before  # the calibration's process, where there was one, is gone
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    assert doc["devices"][0]["backend"] == "cpu" and doc["plan"]["tiles"] >= 1
+    assert doc["plan"]["working_set"] <= doc["plan"]["budget"] or doc["job"]["params"].get("operands")
+    assert doc["estimate"]["seconds"] > 0
+
+
+def test_dry_run_refuses_what_submit_refuses(tmp_path):
+    job = _job(tmp_path, "matmul", {"m": 10**6, "n": 10**6, "k": 64, "output": str(tmp_path / "c.npy")})
+    res = invoke("submit", job, "--dry-run")
+    assert res.code == 2 and res.stderr.startswith("mgpu: error: params.output:")
+    assert _listing(tmp_path) == ["job.yaml"]
+
+
+def test_the_estimate_of_the_main_job_is_within_twice_its_time(ceiling_cache, tmp_path):
+    if os.getloadavg()[0] > (os.cpu_count() or 1):
+        pytest.skip("the machine is busier than its cores: times measured now say nothing of the estimate")
+    import dask.config
+
+    with dask.config.set({"mgpu.cache-dir": str(ceiling_cache)}):
+        res = invoke("submit", ROOT / "jobs" / "matmul.yaml", "--backend", "cpu", "--json", tmp_path / "r.json")
+    assert res.code == 0, res.output
+    assert "mgpu: expected" in res.stdout
+    result = json.loads((tmp_path / "r.json").read_text())
+    expected, measured = result["plan"]["expected_s"], result["compute_s"]
+    assert 0.5 <= measured / expected <= 2.0, (expected, measured)

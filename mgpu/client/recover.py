@@ -30,6 +30,21 @@ _CHECK_S = 1.0
 _FETCH_S = 5.0
 
 
+def task_failure(key: str, worker: str | None, error: BaseException) -> str:
+    """The one message for a task that raised: its cause first where mgpu knows it."""
+    where = worker or "a worker"
+    name = type(error).__name__
+    if name == "InputChanged":
+        return f"{error} (seen by {key} on {where})"
+    if isinstance(error, MemoryError) or name == "OutOfMemoryError" or "out_of_memory" in str(error):
+        return (
+            f"{key} ran out of memory on {where} ({name}: {error}); with cluster.spill: none nothing takes "
+            "a tile's excess: make tiles smaller (tiling), lower cluster.memory_limit to leave the device "
+            "more room, or use spill: managed (on a CPU worker: raise the process's memory limit)"
+        )
+    return f"{key} failed on {where}: {name}: {error}"
+
+
 @dataclass
 class _InFlight:
     tile: Tile
@@ -113,9 +128,7 @@ class TileTracker:
         except CancelledError as e:
             raise JobFailed(f"{entry.future.key} was cancelled (was the scheduler lost?): {e}") from e
         except Exception as e:
-            raise JobFailed(
-                f"{entry.future.key} failed on {entry.worker or 'a worker'}: {type(e).__name__}: {e}"
-            ) from e
+            raise JobFailed(task_failure(entry.future.key, entry.worker, e)) from e
 
     def _workers(self) -> list[str]:
         try:

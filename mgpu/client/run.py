@@ -29,6 +29,7 @@ from ..sources import check_output_room
 from ..spec import Job, check_one_cluster
 from ..workloads.base import TileRecord
 from .assemble import assemble, reference_beside
+from .estimate import estimate
 from .plan import Prepared, check_outputs_distinct, plan_job, prepare
 from .submit import run_plan, warm_up
 from .watch import Events
@@ -119,6 +120,9 @@ def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, clu
         ceilings = ceilings_for(info.client, info.devices, [job.workload])
         marks.append(time.perf_counter())
         plan = plan_job(p, info.devices, info.budget(), slots=info.slots, spill=info.spills)
+        expected = estimate(workload, plan, ceilings)
+        if expected is not None:
+            plan.notes["estimate"] = {"seconds": expected.seconds, "basis": expected.basis}
         marks.append(time.perf_counter())
         events.planned(plan)
         for sink in sinks:

@@ -130,6 +130,21 @@ class Workload(ABC, Generic[P]):
         :func:`mgpu.roofline.median_seconds` times a call as every ceiling is timed."""
         return {}
 
+    def expected_work(self, plan: Plan) -> float | None:
+        """The work the plan's tiles will do (flops, bytes or iterations, as records count
+        it), known before they run; None where it cannot be said."""
+        return None
+
+    def expected_seconds(self, plan: Plan, rates: dict[str, float], devices: int) -> float | None:
+        """Seconds the plan's tiles should take on ``devices`` devices of these ceilings
+        (name -> rate, see :mod:`mgpu.roofline`): by default the work at the rate of the
+        workload's ceiling, spread evenly. None where the work or the rate is unknown."""
+        work = self.expected_work(plan)
+        rate = rates.get(self.ceiling())
+        if work is None or not rate:
+            return None
+        return work / self.unit_scale / rate / devices
+
     def reduce(self, records: list[TileRecord]) -> float | None:
         """The job's scalar answer from the tiles' records, where it has one."""
         return None

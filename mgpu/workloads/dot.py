@@ -69,6 +69,18 @@ class Dot(Workload[DotParams]):
         p = self.params
         return 2 * p.n * np.dtype(p.dtype).itemsize if p.input != "random" else None
 
+    def expected_work(self, plan: Plan) -> float:
+        p = self.params
+        return 2.0 * p.n * np.dtype(p.dtype).itemsize  # x and y read once
+
+    def expected_seconds(self, plan: Plan, rates: dict[str, float], devices: int) -> float | None:
+        # x and y read at the copy rate, made first where they are random.
+        seconds = super().expected_seconds(plan, rates, devices)
+        p = self.params
+        if seconds is not None and p.input == "random" and rates.get("random"):
+            seconds += 2 * p.n / (rates["random"] * 1e9) / devices
+        return seconds
+
     def naive_host_bytes(self, plan: Plan) -> int | None:
         return self.host_bytes()  # each chunk is read by one tile only
 

@@ -181,6 +181,11 @@ class Mandelbrot(Workload[MandelbrotParams]):
         tallest = max(t.size("rows") for t in tiles)
         return Plan(tiles, "dynamic", {"rows": tallest, "cols": p.width}, tallest * bytes_per_row + fixed, budget)
 
+    def expected_work(self, plan: Plan) -> float:
+        # The bands' estimated costs: steps, and each pixel's overhead in steps (what
+        # sets the time; the records count the steps alone).
+        return float(sum(t.cost for t in plan.tiles))
+
     def band_bytes(self, devices: dict[str, DeviceFacts]) -> tuple[int, int]:
         """(bytes a band holds per row, bytes it holds whatever its height): the counts
         (int32) per row; on a CPU the kernel's temporaries, on a GPU the job's axes
@@ -384,5 +389,8 @@ def render_png(counts_path: str, png_path: str, max_iter: int, partial: str | No
     rgba = colormaps["magma"](shade)
     rgba[view >= max_iter] = (0.0, 0.0, 0.0, 1.0)
     tmp = partial or png_path + ".partial.png"
-    imsave(tmp, rgba, format="png")
+    try:
+        imsave(tmp, rgba, format="png")
+    except OSError as e:  # the disk filled, say: name the file, not only the errno
+        raise OSError(e.errno, f"params.output.png: could not write {png_path}: {e.strerror}") from None
     os.replace(tmp, png_path)

@@ -136,6 +136,26 @@ class Matmul(Workload[MatmulParams]):
         output = itemsize * p.m * p.n if p.output else 0
         return inputs + output or None
 
+    def expected_work(self, plan: Plan) -> float:
+        p = self.params
+        return 2.0 * p.m * p.n * p.k
+
+    def expected_seconds(self, plan: Plan, rates: dict[str, float], devices: int) -> float | None:
+        # Per device, its share of the tiles, each: the product at the GEMM rate, its
+        # random blocks of A and B made, and the check's products over B, A and C (at
+        # the rates measured for those; on CPUs they take longer than the product).
+        gemm = rates.get(self.ceiling())
+        if not gemm:
+            return None
+        p = self.params
+        tm, tn = plan.tile_shape["m"], plan.tile_shape["n"]
+        seconds = 2.0 * tm * tn * p.k / (gemm * self.unit_scale)
+        if p.input == "random" and rates.get("random"):
+            seconds += (tm * p.k + p.k * tn) / (rates["random"] * 1e9)
+        if self.verify and rates.get("check"):
+            seconds += (p.k * tn + tm * p.k + tm * tn) / (rates["check"] * 1e9)
+        return math.ceil(len(plan.tiles) / devices) * seconds
+
     def naive_host_bytes(self, plan: Plan) -> int | None:
         p = self.params
         if self.host_bytes() is None:

@@ -1,0 +1,214 @@
+"""How long a plan should take, from its workload's bound and the devices' measured ceilings;
+and ``submit --dry-run``: every job planned and estimated with nothing started.
+
+Each workload models a tile's time from the ceilings (:meth:`~mgpu.workloads.base.Workload.
+expected_seconds`: by default its work at the rate of the ceiling that bounds it); where
+its data crosses PCIe and that is slower, the host bytes at the summed pinned rate bound it
+instead. Start-up (the cluster, the warm-up) is not in it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dask.config
+
+from .. import config, roofline
+from ..cluster import ResolvedCluster, budget_for, expected_devices, resolve_cluster, scheduler_address
+from ..device import DeviceFacts
+from ..errors import JobInputError
+from ..planner import Plan
+from ..sizes import format_bytes
+from ..sources import check_output_room
+from ..spec import Job, check_one_cluster
+from ..workloads import get_workload_class
+from ..workloads.base import Workload
+from .plan import check_outputs_distinct, plan_job, prepare
+
+__all__ = ["DryRun", "Estimate", "as_json", "describe", "dry_run", "estimate", "local_ceilings"]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The tiles' expected time, and what it rests on."""
+
+    seconds: float
+    basis: str
+
+    def describe(self) -> str:
+        return f"expected {_duration(self.seconds)} of tiles ({self.basis})"
+
+
+def _duration(s: float) -> str:
+    if s < 120:
+        return f"{s:.3g} s"
+    if s < 2 * 3600:
+        return f"{s / 60:.3g} min"
+    if s < 2 * 86400:
+        return f"{s / 3600:.3g} h"
+    return f"{s / 86400:.3g} days"
+
+
+def estimate(workload: Workload, plan: Plan, ceilings: dict[str, dict[str, float]]) -> Estimate | None:
+    """The plan's expected time on devices with these ceilings (address -> {name: rate}).
+
+    Every device at the slowest one's rates (static tiles wait for the slowest). None
+    where the workload cannot say its work or a device has no figure for its ceiling.
+    """
+    if not ceilings:
+        return None
+    key = workload.ceiling()
+    names = set.intersection(*(set(c) for c in ceilings.values()))
+    rates = {name: min(c[name] for c in ceilings.values()) for name in names}
+    seconds = workload.expected_seconds(plan, rates, len(ceilings))
+    if seconds is None:
+        return None
+    work = workload.expected_work(plan)
+    amount = f"{work / workload.unit_scale:.4g} {workload.unit.split('/')[0]} " if work else ""
+    basis = f"{amount}at {len(ceilings)} x {rates[key]:.4g} {workload.unit} ({key})"
+    host = workload.host_bytes()
+    pcie = [c.get("h2d_pinned") for c in ceilings.values()]
+    if host and all(pcie):
+        pcie_s = host / 1e9 / sum(pcie)  # type: ignore[arg-type]
+        if pcie_s > seconds:
+            seconds, basis = pcie_s, f"{format_bytes(host)} over {len(pcie)} x h2d_pinned"
+    return Estimate(seconds, basis)
+
+
+@dataclass
+class DryRun:
+    """One job as ``submit`` would run it: its plan for the devices it would get, and the estimate."""
+
+    job: Job
+    devices: dict[str, DeviceFacts]
+    plan: Plan
+    estimate: Estimate | None
+    ceilings_from: str
+
+
+def dry_run(jobs: Sequence[Job]) -> list[DryRun]:
+    """Check, plan and estimate ``jobs`` against the devices a run would get; start nothing.
+
+    CPU workers are described as LocalCluster would make them, GPUs through NVML (no CUDA
+    context here); ceilings come from the cache, or on CPUs from a short calibration in a
+    process set up as a worker is.
+
+    Raises
+    ------
+    JobInputError
+        Anything ``submit`` would refuse, or a joined cluster (``cluster.scheduler``),
+        whose workers are known only once connected.
+    """
+    config.load()  # the mgpu.* settings, checked as submit checks them
+    check_one_cluster(jobs)
+    resolved = resolve_cluster(jobs[0].cluster)
+    if resolved.scheduler:
+        raise JobInputError(
+            "--dry-run: plans for the cluster mgpu would start; the workers of "
+            f"{scheduler_address(resolved.scheduler)} are known only once connected "
+            "(leave out cluster.scheduler / --scheduler to see a plan for this machine)"
+        )
+    prepared = [prepare(job) for job in jobs]
+    check_outputs_distinct(prepared)
+    check_output_room([sink for p in prepared for sink in p.workload.sinks.values()])
+    devices = _expected(resolved)
+    budget = budget_for(resolved.memory_limit, devices)
+    plans = [plan_job(p, devices, budget, slots=True, spill=resolved.spill == "managed") for p in prepared]
+    ceilings, source = local_ceilings(devices)
+    return [
+        DryRun(p.job, devices, plan, estimate(p.workload, plan, ceilings), source)
+        for p, plan in zip(prepared, plans, strict=True)
+    ]
+
+
+def _expected(resolved: ResolvedCluster) -> dict[str, DeviceFacts]:
+    devices = expected_devices(resolved)
+    if not devices:
+        raise JobInputError("cluster.devices: NVML could not describe the GPUs asked for; is the driver loaded?")
+    return devices
+
+
+def local_ceilings(devices: dict[str, DeviceFacts]) -> tuple[dict[str, dict[str, float]], str]:
+    """Each device's ceilings from the cache, or on CPUs measured now; and where they came from.
+
+    The cache is keyed as the workers key it (:mod:`mgpu.roofline`), with this process's
+    software versions standing for theirs.
+    """
+    cache = roofline.read_cache()
+    versions = roofline.software()
+    # A workload with no ceilings of its own (dot's is the device's copy) has none to measure.
+    groups = [g for g in roofline.all_groups() if g == "device" or get_workload_class(g).ceiling_units]
+    keys = {addr: roofline.cache_key(f, versions) for addr, f in devices.items()}
+    missing = sorted({g for k in keys.values() for g in roofline.groups_missing(cache.get(k, {}), groups)})
+    if not missing:
+        return {addr: cache[k] for addr, k in keys.items()}, "cached"
+    if all(f.backend == "cpu" for f in devices.values()):
+        measured = _calibrate_cpu(missing)
+        for key in set(keys.values()):
+            cache[key] = {**cache.get(key, {}), **measured}
+        roofline.write_cache(cache)
+        return {addr: cache[k] for addr, k in keys.items()}, "measured now"
+    return {addr: cache[k] for addr, k in keys.items() if k in cache}, "not measured yet (mgpu info --calibrate)"
+
+
+_CALIBRATE = """
+import json, sys
+from mgpu import device
+from mgpu.plugins import _cpu_device
+from mgpu.roofline import measure_ceilings
+device.install(_cpu_device(None))
+print(json.dumps(measure_ceilings(sys.argv[1:])))
+"""
+
+
+def _calibrate_cpu(groups: list[str]) -> dict[str, float]:
+    """A CPU worker's ceilings, measured in a process with a worker's environment (BLAS
+    on one thread, as Dask's nanny sets it), so the figures are a worker's."""
+    env = {**os.environ, **{k: str(v) for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()}}
+    out = subprocess.run(
+        [sys.executable, "-c", _CALIBRATE, *groups], env=env, capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def describe(run: DryRun) -> list[str]:
+    """Lines a person reads: the devices, the plan, the estimate."""
+    facts = list(run.devices.values())
+    kinds = ", ".join(sorted({f.name for f in facts}))
+    memory = format_bytes(min(f.memory for f in facts))
+    lines = [
+        f"mgpu: {run.job.name} ({run.job.workload}): would run on {len(facts)} {facts[0].backend} "
+        f"device(s) ({kinds}, {memory} each); nothing started",
+        f"mgpu: plan: {run.plan.describe()}",
+    ]
+    if run.estimate is not None:
+        lines.append(f"mgpu: {run.estimate.describe()}; ceilings {run.ceilings_from}")
+    else:
+        lines.append(f"mgpu: no estimate: ceilings {run.ceilings_from}")
+    return lines
+
+
+def as_json(run: DryRun) -> dict[str, Any]:
+    """The dry run as JSON: the job as it would run, its devices, plan and estimate."""
+    plan = run.plan
+    return {
+        "job": run.job.as_dict(),
+        "devices": [
+            {"id": f.id, "name": f.name, "memory": f.memory, "backend": f.backend} for f in run.devices.values()
+        ],
+        "plan": {
+            "tiles": len(plan.tiles),
+            "placement": plan.placement,
+            "tile_shape": plan.tile_shape,
+            "working_set": plan.working_set,
+            "budget": plan.budget,
+        },
+        "estimate": None if run.estimate is None else {"seconds": run.estimate.seconds, "basis": run.estimate.basis},
+        "ceilings": run.ceilings_from,
+    }
