@@ -323,8 +323,8 @@ def test_an_input_file_changed_while_the_job_reads_it_fails_the_job_cleanly(tmp_
     )
     before = _listing(tmp_path)
     start = time.perf_counter()
-    # Each tile waits a second before it reads, so the file changes under a running job.
-    proc = start_mgpu("submit", job, env={"DASK_MGPU__TESTING__TILE_DELAY": "1.0"})
+    # Each tile waits two seconds before it reads, so the file changes under a running job.
+    proc = start_mgpu("submit", job, env={"DASK_MGPU__TESTING__TILE_DELAY": "2.0"})
     seen = ""
     for line in proc.stdout:  # the plan is printed once the cluster is up, before any tile
         seen += line
@@ -369,6 +369,35 @@ def test_a_tile_larger_than_its_worker_can_hold_fails_the_job_cleanly(tmp_path):
     before = _listing(tmp_path)
     run = run_mgpu("submit", job, "-q")
     assert_failed_cleanly(run, tmp_path, before, "ran out of memory", "MemoryError", "tiling")
+    assert run.stderr.count("mgpu:") == 1
+
+
+@pytest.mark.gpu
+def test_a_gpu_allocation_that_fails_with_spill_none_fails_the_job_cleanly(tmp_path):
+    import cupy
+
+    # The budget is said to be 1 TB, so the plan passes; the GPU holds less than the tile's
+    # x and y (1.5 times its memory), and with spill: none nothing takes the excess.
+    total = cupy.cuda.runtime.memGetInfo()[1]
+    n = int(1.5 * total) // 8
+    job = _job(
+        tmp_path,
+        "dot",
+        {"n": n},
+        tiling={"n": n},
+        cluster={
+            "backend": "cuda",
+            "devices": [0],
+            "allocator": "async",
+            "spill": "none",
+            "memory_limit": "1TB",
+            "dashboard": None,
+        },
+    )
+    before = _listing(tmp_path)
+    # CUDA reserves far more address space than 8 GB: no limit here.
+    run = run_mgpu("submit", job, "-q", limits={resource.RLIMIT_AS: resource.RLIM_INFINITY})
+    assert_failed_cleanly(run, tmp_path, before, "ran out of memory", "spill: managed")
     assert run.stderr.count("mgpu:") == 1
 
 
