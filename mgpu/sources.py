@@ -11,13 +11,13 @@ nothing under the output's name.
 from __future__ import annotations
 
 import errno
-import io
 import math
 import os
 import resource
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from io import BytesIO
 from pathlib import Path
 from typing import Any
 
@@ -257,7 +257,7 @@ def check_output_path(path: str | Path, *, key: str, suffix: str, force: bool) -
 
 def _npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
     """The ``.npy`` header (format 1.0) of a C-ordered array of ``shape`` and ``dtype``."""
-    buf = io.BytesIO()
+    buf = BytesIO()
     header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape}
     np.lib.format.write_array_header_1_0(buf, header)
     return buf.getvalue()
