@@ -5,6 +5,7 @@ distributed matmul from files to a file on real CPU workers."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from itertools import pairwise
 from pathlib import Path
@@ -487,16 +488,21 @@ def test_a_file_whose_bytes_are_not_the_array_is_read_through_the_map(monkeypatc
 def test_a_truncated_file_raises_an_error_naming_it(monkeypatch, tmp_path):
     import os
 
-    from mgpu.sources import inspect_npy
+    from mgpu.sources import InputChanged, inspect_npy
 
     dev, _ = _stand_in_gpu(monkeypatch, 2)
     _stand_in_kvikio(monkeypatch)
     path = tmp_path / "a.npy"
     mm = _npy(path, (40, 30), "float32")
-    src = NpySource(inspect_npy(path, key="a"))
+    info = inspect_npy(path, key="a")
     os.truncate(path, mm.offset + mm.nbytes - 100)
+    out = np.zeros((40, 30), np.float32).view(_DeviceArray)
+    # Each read first checks the file is the one whose header was read...
+    with pytest.raises(InputChanged, match=f"a: {path} was truncated"):
+        NpySource(info).read_into(dev, out, (0, 40))
+    # ...and a file truncated after that check still ends the read with an error naming it.
     with pytest.raises(EOFError, match=f"{path} is truncated"):
-        src.read_into(dev, np.zeros((40, 30), np.float32).view(_DeviceArray), (0, 40))
+        NpySource(dataclasses.replace(info, stamp=None)).read_into(dev, out, (0, 40))
 
 
 def test_kvikio_reads_whole_rows_only(monkeypatch, tmp_path):
