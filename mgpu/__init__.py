@@ -10,20 +10,21 @@ from .errors import JobFailed, JobInputError
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from .client.run import run_job, run_jobs
+    from .api import run
+    from .client.watch import Events
     from .results import Result
     from .spec import Job, load_job
 
-__all__ = ["Job", "JobFailed", "JobInputError", "Result", "__version__", "config", "load_job", "run_job", "run_jobs"]
+__all__ = ["Events", "Job", "JobFailed", "JobInputError", "Result", "__version__", "config", "load_job", "run"]
 
 # The rest is imported when first asked for: ``import mgpu.report`` (reading results)
 # must not bring in the client, the cluster and distributed's deployment machinery.
 _LAZY = {
+    "Events": "mgpu.client.watch",
     "Job": "mgpu.spec",
     "Result": "mgpu.results",
     "load_job": "mgpu.spec",
-    "run_job": "mgpu.client.run",
-    "run_jobs": "mgpu.client.run",
+    "run": "mgpu.api",
 }
 
 

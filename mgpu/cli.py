@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from . import __version__
+from .api import run_all
 from .client.estimate import Estimate
-from .client.run import run_jobs
 from .client.watch import Events
 from .errors import JobFailed, JobInputError
 from .memory import AllocatorChoice
@@ -230,7 +230,7 @@ def submit(
         security = client_security(tls_ca_file, tls_cert, tls_key)
         try:
             with cancel_on_signals():
-                run_jobs(jobs, reporter, security=security)
+                run_all(jobs, events=reporter, security=security)
         finally:
             reporter.close()
             _write_json(reporter.results, json_path, several=len(job_files) > 1)

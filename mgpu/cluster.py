@@ -195,16 +195,26 @@ def scheduler_address(value: str) -> str:
         ) from None
 
 
-def resolve_cluster(spec: ClusterSpec) -> ResolvedCluster:
+def resolve_cluster(spec: ClusterSpec, *, given_client: bool = False) -> ResolvedCluster:
     """Check the cluster section against this machine; raise JobInputError if it cannot be.
+
+    With ``given_client`` the job runs on a client the caller made (``mgpu.run(job,
+    client)``): as on a joined scheduler, its workers are taken as they are.
 
     Raises
     ------
     JobInputError
-        If CUDA was asked for without a GPU, a device does not exist, or UCX is missing.
+        If CUDA was asked for without a GPU, a device does not exist, or UCX is missing;
+        or a scheduler is named beside a given client.
     """
-    if spec.scheduler:
-        scheduler_address(spec.scheduler)
+    if given_client and spec.scheduler:
+        raise JobInputError(
+            f"cluster.scheduler: {spec.scheduler!r} names a scheduler, but a Dask client was given to run "
+            "the job on; give one or the other (cluster.scheduler: null)"
+        )
+    if spec.scheduler or given_client:
+        if spec.scheduler:
+            scheduler_address(spec.scheduler)
         backend = "auto" if spec.backend == "auto" else spec.backend
         return ResolvedCluster(
             backend,
@@ -214,7 +224,7 @@ def resolve_cluster(spec: ClusterSpec) -> ResolvedCluster:
             spec.memory_limit,
             spec.scheduler,
             spec.dashboard,
-            "joined cluster",
+            "the client given" if given_client else "joined cluster",
         )
 
     backend = spec.backend
@@ -334,23 +344,24 @@ def _quiet_teardown(client: Client) -> None:
 
 @contextlib.contextmanager
 def open_cluster(
-    rc: ResolvedCluster, security: Any = None, settings: config.Settings | None = None
+    rc: ResolvedCluster, security: Any = None, settings: config.Settings | None = None, client: Client | None = None
 ) -> Iterator[ClusterInfo]:
     """Start (or join) the cluster, set each worker's settings and device up, and close what
     was started.
 
-    The cluster is closed on success, failure and Ctrl-C alike; a joined cluster is left
-    running. ``security`` (a ``distributed.security.Security``) is for joining over TLS;
-    ``settings`` are the ``mgpu.*`` settings the workers get (by default
-    :func:`mgpu.config.load`'s, checked before anything starts).
+    The cluster is closed on success, failure and Ctrl-C alike; a joined cluster, or the
+    one of a ``client`` given, is left running. ``security`` (a
+    ``distributed.security.Security``) is for joining over TLS; ``settings`` are the
+    ``mgpu.*`` settings the workers get (by default :func:`mgpu.config.load`'s, checked
+    before anything starts).
     """
     settings = settings or config.load()
     cluster = None
-    client = None
+    given = client is not None
     try:
-        if rc.scheduler:
+        if client is None and rc.scheduler:
             client = _join(rc, security)
-        else:
+        elif client is None:
             with warnings.catch_warnings():
                 # A taken dashboard port moves to a free one; the address printed is the real one.
                 warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)
@@ -366,13 +377,14 @@ def open_cluster(
             client.register_plugin(SpillToManaged())
         # Last, so its statistics adaptor sits on top of whatever the plugins above installed.
         client.register_plugin(AllocatorStats())
-        if rc.dashboard or rc.scheduler:
+        if rc.dashboard or rc.scheduler or given:
             # The task stream records only once its scheduler plugin exists, which opening a
             # dashboard page does; asking for it here keeps every task for a later look.
             client.get_task_stream(start=time.time())
         ordered = describe_workers(client)
         if not ordered:
-            raise JobInputError(f"cluster.scheduler: the scheduler at {rc.scheduler} has no workers")
+            where = f"the scheduler at {rc.scheduler}" if rc.scheduler else "the cluster of the client given"
+            raise JobInputError(f"cluster.scheduler: {where} has no workers")
         # Workers started without the resource (a joined cluster's) run tiles one per thread.
         workers = client.scheduler_info(n_workers=-1)["workers"]
         slots = all(SLOT in workers.get(addr, {}).get("resources", {}) for addr in ordered)
@@ -383,7 +395,7 @@ def open_cluster(
         # Stopped (Ctrl-C, SIGTERM: signals.Interrupted) or failed: tiles may still be running.
         stopped = sys.exc_info()[1] is not None
         with deferred():  # a signal now would leave worker processes behind
-            if client is not None:
+            if client is not None and not given:
                 if stopped and cluster is not None:
                     _quiet_teardown(client)
                 client.close()

@@ -175,7 +175,7 @@ def run_sweep(runs: list[Run], events: Events | None = None, *, force: bool = Fa
     Raises
     ------
     JobInputError, JobFailed
-        As :func:`mgpu.run_job`; the runs already yielded stand.
+        As :func:`mgpu.run`; the runs already yielded stand.
     """
     for i, run in enumerate(runs):
         job = run.job.model_copy(update={"force": force or i > 0})

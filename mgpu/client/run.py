@@ -10,6 +10,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from distributed import Client
+
 from .. import config
 from ..cluster import (
     ClusterInfo,
@@ -37,17 +39,22 @@ from .watch import Events
 __all__ = ["run_job", "run_jobs"]
 
 
-def run_jobs(jobs: Sequence[Job], events: Events | None = None, *, security: Any = None) -> list[Result]:
+def run_jobs(
+    jobs: Sequence[Job], events: Events | None = None, *, security: Any = None, client: Client | None = None
+) -> list[Result]:
     """Run ``jobs`` one after another on one cluster and return their Results.
 
-    The cluster is the one every job's ``cluster:`` section describes (they must agree);
-    it is started (or joined) once. Every job is checked before anything starts. A job
-    that fails its check ends the run: later jobs are not run, and the list is shorter.
+    The cluster is ``client``'s, if given (left open), else the one every job's
+    ``cluster:`` section describes (they must agree), started (or joined) once. Every job
+    is checked before anything starts. A job that fails its check ends the run: later
+    jobs are not run, and the list is shorter.
 
     Parameters
     ----------
     security
         A ``distributed.security.Security`` for joining a scheduler over TLS.
+    client
+        A connected ``distributed.Client`` to run on instead of the cluster the jobs name.
 
     Raises
     ------
@@ -60,7 +67,7 @@ def run_jobs(jobs: Sequence[Job], events: Events | None = None, *, security: Any
     events = events or Events()
     settings = config.load()  # the mgpu.* settings, checked once; the workers get these
     check_one_cluster(jobs)
-    resolved = resolve_cluster(jobs[0].cluster)
+    resolved = resolve_cluster(jobs[0].cluster, given_client=client is not None)
     check_tls(scheduler_address(resolved.scheduler) if resolved.scheduler else None, security)
     prepared = [prepare(job) for job in jobs]
     check_outputs_distinct(prepared)
@@ -75,7 +82,7 @@ def run_jobs(jobs: Sequence[Job], events: Events | None = None, *, security: Any
             plan_job(p, expected, budget, slots=True, spill=resolved.spill == "managed")
     t0 = time.perf_counter()
     results: list[Result] = []
-    with open_cluster(resolved, security, settings) as info:
+    with open_cluster(resolved, security, settings, client) as info:
         cluster_s = time.perf_counter() - t0
         events.cluster_ready(info)
         for i, p in enumerate(prepared):
@@ -95,7 +102,7 @@ def run_jobs(jobs: Sequence[Job], events: Events | None = None, *, security: Any
     return results
 
 
-def run_job(job: Job, events: Events | None = None, *, security: Any = None) -> Result:
+def run_job(job: Job, events: Events | None = None, *, security: Any = None, client: Client | None = None) -> Result:
     """Run ``job`` to completion and return its :class:`~mgpu.results.Result`.
 
     Input problems (JobInputError) are raised before any worker starts, except those that
@@ -108,7 +115,7 @@ def run_job(job: Job, events: Events | None = None, *, security: Any = None) -> 
     JobFailed
         A task failed. A failed check does not raise: the result's status says "failed".
     """
-    return run_jobs([job], events, security=security)[0]
+    return run_jobs([job], events, security=security, client=client)[0]
 
 
 def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, cluster_s: float) -> Result:
