@@ -81,11 +81,11 @@ def _worker(
     pinned = np.frombuffer(cupy.cuda.alloc_pinned_memory(1 << 30), np.uint8, 1 << 30)
     plain = [np.ones(1 << 30, np.uint8) for _ in range(2)]
     for v in plan:
-        if transfer._POOL is not None and transfer._POOL._max_workers != v["threads"]:
-            transfer._POOL.shutdown()  # its threads' pinned buffers go with them
-            transfer._POOL = None  # the next is made at this variant's size
+        if dev.staging.threads != v["threads"]:
+            dev.staging.close()  # its threads and their pinned buffers go
+            dev.staging = transfer.HostStaging(v["threads"])  # the next at this variant's size
         with dask.config.set({"mgpu.transfer.host-threads": v["threads"]}):
-            transfer.ready_buffers(_staged_chunk(v))
+            dev.staging.ready_buffers(_staged_chunk(v))
             barrier.wait()
             t = time.perf_counter()
             moved, phases = _run(v, paths, spans, dst, dev, (offset, n, dtype), pinned, plain)
@@ -133,7 +133,7 @@ def _run(
                 fd = os.open(path, os.O_RDONLY)
 
                 def one(lo: int, hi: int, a: int = a, fd: int = fd, path: str = path) -> None:
-                    buf = transfer._buffers(chunk).take((hi - lo, 1), dtype)[1]
+                    buf = dev.staging.buffers(chunk).take((hi - lo, 1), dtype)[1]
                     out, start = memoryview(buf.reshape(-1).view(np.uint8)), offset + (a + lo) * dtype.itemsize
                     done = 0
                     while done < len(out):
@@ -143,7 +143,7 @@ def _run(
                         done += got
 
                 # On mgpu's pool, whose threads made their pinned buffers before the clock started.
-                _threaded(threads, chunk // dtype.itemsize, b - a, one, transfer._pool())
+                _threaded(threads, chunk // dtype.itemsize, b - a, one, dev.staging.pool)
                 os.close(fd)
                 moved += (b - a) * dtype.itemsize
             elif v["method"] == "hmm":

@@ -25,7 +25,8 @@ from .device import DeviceFacts, address_space_room, visible_gpu_count
 from .errors import JobInputError
 from .memory import AllocatorChoice, rmm_options
 from .memory.stats import AllocatorStats
-from .plugins import DeviceSetup, SettingsSetup
+from .plugins import SettingsSetup
+from .runtime import RuntimeSetup
 from .signals import WORKER_PRELOAD, deferred
 from .sizes import resolve_size
 from .spec import ClusterSpec
@@ -299,10 +300,10 @@ def _start_cpu(rc: ResolvedCluster) -> LocalCluster:
     )
 
 
-def _describe() -> DeviceFacts:
+def _describe(dask_worker: Any = None) -> DeviceFacts:
     from .device import current
 
-    return current().facts
+    return current(dask_worker).facts
 
 
 def describe_workers(client: Client) -> dict[str, DeviceFacts]:
@@ -370,7 +371,7 @@ def open_cluster(
         client.register_plugin(SettingsSetup(settings))
         if cluster is not None:
             client.run(_silence_task_errors)
-        client.register_plugin(DeviceSetup(rc.backend if rc.backend != "auto" else "auto"))
+        client.register_plugin(RuntimeSetup(rc.backend))
         if rc.spill == "managed":
             from .memory.spill import SpillToManaged
 

@@ -1,10 +1,10 @@
 """What a task sees on its worker: the array module, its stream, a timer, memory facts.
 
-A worker process holds one :class:`Device`, made by the :class:`~mgpu.plugins.DeviceSetup`
-plugin when the worker starts. Tasks call :func:`current` and write ``dev.xp`` code that
-runs unchanged on NumPy (CPU workers) and CuPy (GPU workers); what only a GPU has
-(streams, events, host<->device copies) is behind methods that are no-ops or plain copies
-on the CPU.
+Each worker holds one :class:`Device`, in its runtime (:mod:`mgpu.runtime`), made when the
+worker starts and closed when it stops. Tasks call :func:`current` and write ``dev.xp``
+code that runs unchanged on NumPy (CPU workers) and CuPy (GPU workers); what only a GPU
+has (streams, events, host<->device copies) is behind methods that are no-ops or plain
+copies on the CPU.
 """
 
 from __future__ import annotations
@@ -14,16 +14,19 @@ import os
 import resource
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import psutil
 
 from . import kernels
+from .transfer import HostStaging
 
-__all__ = ["Device", "DeviceFacts", "Timing", "address_space_room", "current", "install", "visible_gpu_count"]
+__all__ = ["Device", "DeviceCache", "DeviceFacts", "Timing", "address_space_room", "current", "visible_gpu_count"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -57,13 +60,51 @@ class Timing:
         return self.value
 
 
+class DeviceCache:
+    """Arrays a job keeps on its device between tiles, one entry per slot.
+
+    Asking a slot for another key replaces its entry: the next job's arrays replace the
+    last job's, so a worker holds one job's at a time.
+    """
+
+    def __init__(self) -> None:
+        self._slots: dict[str, tuple[Hashable, Any]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, slot: str, key: Hashable, make: Callable[[], T]) -> T:
+        """The entry of ``slot`` for ``key``, made by ``make()`` (once: other threads asking
+        meanwhile wait for it) if the slot holds another key or none."""
+        with self._lock:
+            held = self._slots.get(slot)
+            if held is None or held[0] != key:
+                self._slots.pop(slot, None)  # the job before's goes first: its memory is needed
+                held = self._slots[slot] = (key, make())
+            return held[1]
+
+    def held(self, slot: str) -> Any | None:
+        """What ``slot`` holds now (for any key), or None."""
+        with self._lock:
+            held = self._slots.get(slot)
+        return held[1] if held is not None else None
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._slots.clear()
+
+
 @dataclass
 class Device:
     """One worker's device, shared by the worker's task threads.
 
     Each thread gets its own non-blocking stream (made by ``new_stream``) and its own
     byte counters, so two tiles running at once on one GPU neither wait for each other's
-    work nor count each other's copies.
+    work nor count each other's copies. ``staging`` holds the host threads and pinned
+    buffers that large copies go through (:mod:`mgpu.transfer`); ``cache``, arrays a job
+    keeps on the device between its tiles; ``extra``, references to what the memory
+    plugins set up (the spill fallback, the allocator's statistics).
     """
 
     backend: str
@@ -72,6 +113,8 @@ class Device:
     new_stream: Callable[[], Any] | None = None
     new_queue: Callable[[], Any] | None = None  # the in_order stream; by default new_stream()
     extra: dict[str, Any] = field(default_factory=dict)
+    staging: HostStaging = field(default_factory=HostStaging, repr=False)
+    cache: DeviceCache = field(default_factory=DeviceCache, repr=False)
     _local: threading.local = field(default_factory=threading.local, repr=False)
     _shared: Any = field(default=None, repr=False)  # see in_order
     _shared_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
@@ -228,29 +271,37 @@ class Device:
         self._count("d2h", out.nbytes)
         return out
 
+    def close(self) -> None:
+        """Let go of what the device holds for its tasks: the host threads and pinned
+        buffers, the cached arrays, the streams (the threads' streams go with the threads'
+        state), and the references to the memory plugins' objects."""
+        if self.is_gpu:
+            self.xp.cuda.runtime.deviceSynchronize()  # nothing enqueued may outlive its arrays
+        self.staging.close()
+        self.cache.clear()
+        with self._shared_lock:
+            self._shared = None
+        self._local = threading.local()
+        self.extra.clear()
+
     def spill_counts(self) -> tuple[int, int]:
         """(events, bytes) allocated in managed memory so far because the budget was full."""
         fallback = self.extra.get("spill")
         return (fallback.events, fallback.bytes) if fallback is not None else (0, 0)
 
 
-_CURRENT: Device | None = None
+def current(worker: Any = None) -> Device:
+    """The device of the worker this task runs on (of ``worker``, where given: in a worker
+    plugin's setup or a function run by ``Client.run``, which are not tasks).
 
+    Raises
+    ------
+    RuntimeError
+        Outside a worker, or on a worker without mgpu's runtime plugin.
+    """
+    from .runtime import current as current_runtime
 
-def install(device: Device) -> None:
-    """Make ``device`` the one :func:`current` returns in this process (the plugin calls it)."""
-    global _CURRENT
-    _CURRENT = device
-
-
-def current() -> Device:
-    """The device of the worker this task runs on."""
-    if _CURRENT is None:
-        raise RuntimeError(
-            "this worker has no mgpu device; tasks must run on a cluster started by mgpu "
-            "or one whose workers have the DeviceSetup plugin"
-        )
-    return _CURRENT
+    return current_runtime(worker).device
 
 
 def visible_gpu_count() -> int:

@@ -13,6 +13,10 @@ whole allocation, which a pool's sub-allocations are not. A peer's panel is open
 per job and process and kept open until every tile has ended (:func:`close_remotes`):
 closing a mapping waits for the whole device, so a tile closing it would wait for the
 product of the tile beside it.
+
+What a worker keeps (its panels, the peers' panels it opened) is its runtime's
+:class:`PanelStore` (:mod:`mgpu.runtime`); the functions here reach the store of the
+worker they run on.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 __all__ = [
     "PanelRef",
+    "PanelStore",
     "RemotePanel",
     "close_remotes",
     "copy_rows",
@@ -37,10 +42,6 @@ __all__ = [
     "release",
     "resident",
 ]
-
-_STORE: dict[str, dict[str, Any]] = {}  # job token -> panel name -> array
-_OPENED: dict[str, dict[str, RemotePanel]] = {}  # job token -> panel name -> a peer's panel, open here
-_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -83,16 +84,15 @@ def publish(dev: Any, token: str, name: str, shape: tuple[int, ...], dtype: str,
         arr = np.empty(shape, dtype)
         fill(arr)
         ref = PanelRef(token, name, tuple(shape), str(dtype), socket.gethostname(), os.getpid())
-    with _LOCK:
-        _STORE.setdefault(token, {})[name] = arr
+    _store().keep(token, name, arr)
     return ref
 
 
 def resident(ref: PanelRef) -> Any | None:
-    """The panel itself when this process made it, else None."""
+    """The panel itself when this worker made it, else None."""
     if ref.host != socket.gethostname() or ref.pid != os.getpid():
         return None
-    return _STORE.get(ref.token, {}).get(ref.name)
+    return _store().get(ref.token, ref.name)
 
 
 def peer_ordinal(ref: PanelRef) -> int | None:
@@ -154,22 +154,14 @@ class RemotePanel:
 
 
 def open_remote(ref: PanelRef, peer: int) -> RemotePanel:
-    """``ref`` (a peer's panel) opened in this process: on its first use in the job, then kept."""
-    with _LOCK:
-        opened = _OPENED.setdefault(ref.token, {})
-        if ref.name not in opened:
-            opened[ref.name] = RemotePanel(ref, peer).open()
-        return opened[ref.name]
+    """``ref`` (a peer's panel) opened on this worker: on its first use in the job, then kept."""
+    return _store().open_remote(ref, peer)
 
 
-def close_remotes(token: str) -> int:
-    """Close the peers' panels this process opened for one job (a task on each worker once
-    every tile has ended, before any owner frees them: :func:`release`)."""
-    with _LOCK:
-        opened = _OPENED.pop(token, {})
-    for remote in opened.values():
-        remote.close()
-    return len(opened)
+def close_remotes(token: str, dask_worker: Any = None) -> int:
+    """Close the peers' panels this worker opened for one job (run on each worker once every
+    tile has ended, before any owner frees them: :func:`release`)."""
+    return _store(dask_worker).close_remotes(token)
 
 
 def copy_rows(dst: Any, panel: RemotePanel, rows: tuple[int, int], stream: Any) -> int:
@@ -185,8 +177,63 @@ def copy_rows(dst: Any, panel: RemotePanel, rows: tuple[int, int], stream: Any) 
     return nbytes
 
 
-def release(token: str) -> int:
-    """Free this worker's panels of one job (a task on each worker, after every tile)."""
-    with _LOCK:
-        panels = _STORE.pop(token, {})
-    return len(panels)
+def release(token: str, dask_worker: Any = None) -> int:
+    """Free this worker's panels of one job (run on each worker, after every tile)."""
+    return _store(dask_worker).release(token)
+
+
+class PanelStore:
+    """The panels one worker keeps: those it made and the peers' it opened, per job token."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, dict[str, Any]] = {}  # job token -> panel name -> array
+        self._opened: dict[str, dict[str, RemotePanel]] = {}  # job token -> panel name -> a peer's, open here
+        self._lock = threading.Lock()
+
+    def keep(self, token: str, name: str, arr: Any) -> None:
+        with self._lock:
+            self._made.setdefault(token, {})[name] = arr
+
+    def get(self, token: str, name: str) -> Any | None:
+        with self._lock:
+            return self._made.get(token, {}).get(name)
+
+    def held(self) -> int:
+        """How many panels this worker holds, made or opened, over every job."""
+        with self._lock:
+            return sum(map(len, self._made.values())) + sum(map(len, self._opened.values()))
+
+    def open_remote(self, ref: PanelRef, peer: int) -> RemotePanel:
+        """``ref`` opened here on its first use in its job, then the same until closed."""
+        with self._lock:
+            opened = self._opened.setdefault(ref.token, {})
+            if ref.name not in opened:
+                opened[ref.name] = RemotePanel(ref, peer).open()
+            return opened[ref.name]
+
+    def close_remotes(self, token: str) -> int:
+        with self._lock:
+            opened = self._opened.pop(token, {})
+        for remote in opened.values():
+            remote.close()
+        return len(opened)
+
+    def release(self, token: str) -> int:
+        with self._lock:
+            panels = self._made.pop(token, {})
+        return len(panels)
+
+    def close(self) -> None:
+        """Close every peer's panel opened here, then free every panel made here."""
+        with self._lock:
+            tokens = set(self._made) | set(self._opened)
+        for token in tokens:
+            self.close_remotes(token)
+        for token in tokens:
+            self.release(token)
+
+
+def _store(worker: Any = None) -> PanelStore:
+    from .runtime import current
+
+    return current(worker).panels

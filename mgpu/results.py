@@ -159,9 +159,10 @@ def build_result(
     row's allocator and its peak memory. ``panel_records`` (panels made before the tiles
     that read them) count in each worker's span and bytes, not in its tiles.
     """
-    by_worker: dict[str, list[TileRecord]] = defaultdict(list)
+    # A record's worker is its host and process; the device tells workers of one process apart.
+    by_worker: dict[tuple[str, int], list[TileRecord]] = defaultdict(list)
     for r in [*records, *(panel_records or [])]:
-        by_worker[r.worker].append(r)
+        by_worker[r.worker, r.device].append(r)
     rows = []
     facts_by_id = {(f.host, f.id): (addr, f) for addr, f in info.devices.items()}
     for recs in by_worker.values():

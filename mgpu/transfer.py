@@ -32,15 +32,10 @@ import numpy as np
 
 from . import config
 
-__all__ = ["Stager", "chunk_size", "load", "ready_buffers", "store"]
+__all__ = ["HostStaging", "Stager", "chunk_size", "load", "ready_buffers", "store"]
 
 BUFFERS = 2  # per host thread: one being filled while the other's DMA runs
 _PARALLEL_BYTES = 4 << 20  # below this a chunk is copied by the task's own thread
-
-_POOL: ThreadPoolExecutor | None = None
-_STORE_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-_LOCAL = threading.local()
 
 
 def host_threads() -> int:
@@ -65,33 +60,18 @@ def chunk_size() -> int:
     return config.load().transfer.chunk_bytes
 
 
-def _pool(kind: str = "h2d") -> ThreadPoolExecutor:
-    """The worker's host threads for copies of one direction. Stores have threads of their
-    own: a load queued behind a long store (an output band written while the next band's
-    blocks are read) would otherwise wait for all of it."""
-    global _POOL, _STORE_POOL
-    with _POOL_LOCK:
-        if kind == "d2h":
-            if _STORE_POOL is None:
-                _STORE_POOL = ThreadPoolExecutor(host_threads(), thread_name_prefix="mgpu-host-store")
-            return _STORE_POOL
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(host_threads(), thread_name_prefix="mgpu-host-copy")
-        return _POOL
-
-
-def host_copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[...] = src`` for 2-D arrays of one shape, split by rows over the host threads.
+def host_copy(dst: np.ndarray, src: np.ndarray, staging: HostStaging) -> None:
+    """``dst[...] = src`` for 2-D arrays of one shape, split by rows over ``staging``'s host threads.
 
     NumPy releases the GIL while it copies, so the threads run in parallel.
     """
     rows = dst.shape[0]
-    parts = min(host_threads(), rows, max(1, dst.nbytes // _PARALLEL_BYTES))
+    parts = min(staging.threads, rows, max(1, dst.nbytes // _PARALLEL_BYTES))
     if parts <= 1:
         np.copyto(dst, src)
         return
     bounds = [(i * rows // parts, (i + 1) * rows // parts) for i in range(parts)]
-    list(_pool().map(lambda b: np.copyto(dst[b[0] : b[1]], src[b[0] : b[1]]), bounds))
+    list(staging.pool.map(lambda b: np.copyto(dst[b[0] : b[1]], src[b[0] : b[1]]), bounds))
 
 
 def _rows(a: Any) -> Any:
@@ -136,37 +116,116 @@ class _Buffers:
                 event.synchronize()
 
 
-def _buffers(nbytes: int) -> _Buffers:
-    """This host thread's buffers, of at least ``nbytes`` each."""
-    b = getattr(_LOCAL, "buffers", None)
-    if b is None or b.nbytes < nbytes:
-        if b is not None:
-            b.drain()
-        b = _LOCAL.buffers = _Buffers(nbytes)
-    return b
+class HostStaging:
+    """One device's host copy threads and each thread's pinned buffers.
+
+    Made with its :class:`~mgpu.device.Device` (the worker runtime holds both); the threads
+    start, and each thread's buffers are allocated, on first use. Stores have threads of
+    their own (:attr:`store_pool`): a load queued behind a long store (an output band
+    written while the next band's blocks are read) would otherwise wait for all of it.
+    :meth:`close` waits for the threads and lets the buffers go.
+
+    Parameters
+    ----------
+    threads
+        Host copy threads of each direction; by default :func:`host_threads`, read when
+        they first start.
+    """
+
+    def __init__(self, threads: int | None = None) -> None:
+        self._threads = threads
+        self._pools: dict[str, ThreadPoolExecutor] = {}
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._made: list[_Buffers] = []  # every thread's, so close() can drain them
+
+    @property
+    def threads(self) -> int:
+        if self._threads is None:
+            self._threads = host_threads()
+        return self._threads
+
+    def pool_for(self, kind: str) -> ThreadPoolExecutor:
+        """The host threads of copies of one direction, ``"h2d"`` or ``"d2h"`` (started on first use)."""
+        with self._lock:
+            if kind not in self._pools:
+                name = "mgpu-host-store" if kind == "d2h" else "mgpu-host-copy"
+                self._pools[kind] = ThreadPoolExecutor(self.threads, thread_name_prefix=name)
+            return self._pools[kind]
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        """The load threads (and those of plain host copies)."""
+        return self.pool_for("h2d")
+
+    @property
+    def store_pool(self) -> ThreadPoolExecutor:
+        return self.pool_for("d2h")
+
+    def buffers(self, nbytes: int) -> _Buffers:
+        """The calling host thread's buffers, of at least ``nbytes`` each."""
+        old = getattr(self._local, "buffers", None)
+        if old is not None and old.nbytes >= nbytes:
+            return old
+        if old is not None:
+            old.drain()
+        new = self._local.buffers = _Buffers(nbytes)
+        with self._lock:
+            self._made = [b for b in self._made if b is not old] + [new]
+        return new
+
+    def ready_buffers(self, nbytes: int | None = None, timeout: float = 10.0, kind: str = "h2d") -> None:
+        """Make every host thread's pinned buffers (of ``nbytes`` each, by default
+        :func:`chunk_size`) now, ahead of a job; ``kind`` "d2h" for the store threads'.
+
+        One task per pool thread, each held at a barrier until all have made theirs, so that
+        no thread takes two tasks and none is left without. A barrier not met in ``timeout``
+        seconds (a thread busy with another task) leaves the rest to their first chunk.
+        """
+        n = self.threads
+        nbytes = nbytes or chunk_size()
+        barrier = threading.Barrier(n, timeout=timeout)
+
+        def one() -> None:
+            self.buffers(nbytes)
+            try:
+                barrier.wait()
+            except threading.BrokenBarrierError:
+                pass
+
+        pool = self.pool_for(kind)
+        for f in [pool.submit(one) for _ in range(n)]:
+            f.result()
+
+    @property
+    def buffer_count(self) -> int:
+        """How many threads' buffers are held."""
+        with self._lock:
+            return len(self._made)
+
+    def close(self) -> None:
+        """Stop the threads, wait for every DMA still reading a buffer, and let the buffers go."""
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+            made, self._made = self._made, []
+        for pool in pools:
+            pool.shutdown(wait=True)
+        self._local = threading.local()
+        if not made:
+            return
+        while made:
+            made.pop().drain()
+        import cupy
+
+        # The buffers went back to CuPy's pinned pool; give its free blocks back to the OS.
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
 
 
 def ready_buffers(nbytes: int | None = None, timeout: float = 10.0, kind: str = "h2d") -> None:
-    """Make every host thread's pinned buffers (of ``nbytes`` each, by default
-    :func:`chunk_size`) now, ahead of a job; ``kind`` "d2h" for the store threads'.
+    """:meth:`HostStaging.ready_buffers` of the device of the worker this task runs on."""
+    from .device import current
 
-    One task per pool thread, each held at a barrier until all have made theirs, so that
-    no thread takes two tasks and none is left without. A barrier not met in ``timeout``
-    seconds (a thread busy with another task) leaves the rest to their first chunk.
-    """
-    n = host_threads()
-    nbytes = nbytes or chunk_size()
-    barrier = threading.Barrier(n, timeout=timeout)
-
-    def one() -> None:
-        _buffers(nbytes)
-        try:
-            barrier.wait()
-        except threading.BrokenBarrierError:
-            pass
-
-    for f in [_pool(kind).submit(one) for _ in range(n)]:
-        f.result()
+    current().staging.ready_buffers(nbytes, timeout, kind)
 
 
 class Stager:
@@ -242,7 +301,7 @@ class Stager:
 
         def one(rows: tuple[int, int]) -> tuple[int, Any, Any]:
             r0, r1 = rows
-            buffers = _buffers(nbytes)
+            buffers = self.dev.staging.buffers(nbytes)
             i, buf = buffers.take((r1 - r0, dev2.shape[1]), dtype)
             with cupy.cuda.Device(device):
                 begin, end = move(buf, host2[r0:r1], dev2.data.ptr + r0 * row_bytes, stream)
@@ -250,7 +309,7 @@ class Stager:
             buffers.release(i, end if kind == "h2d" else None)
             return buf.nbytes, begin, end
 
-        pool = _pool(kind)
+        pool = self.dev.staging.pool_for(kind)
         chunks = [pool.submit(one, rows) for rows in chunk_rows(dev2.shape, dtype.itemsize, self.chunk_bytes)]
         # Every chunk ends before any error is raised: none may still use the caller's file
         # descriptor or arrays once they are let go.
@@ -289,7 +348,7 @@ def load(dev: Any, src: np.ndarray, out: Any = None) -> Any:
 def store(dev: Any, dst: np.ndarray, src: Any) -> None:
     """``dst[...] = src`` from ``dev`` into host ``dst`` (an ``.npy`` memory map, say)."""
     if not dev.is_gpu:
-        host_copy(_rows(dst), _rows(np.asarray(src)))
+        host_copy(_rows(dst), _rows(np.asarray(src)), dev.staging)
         return
     if not src.flags.c_contiguous:
         with dev.on_stream():

@@ -5,6 +5,8 @@ Run on a GPU machine with ``pytest -m gpu``; skipped where CuPy or a GPU is miss
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -175,7 +177,7 @@ def test_tf32_is_really_used(tmp_path):
 
 
 def test_tf32_reaches_the_gemm_that_accumulates_k_blocks():
-    from mgpu.plugins import _cuda_device
+    from mgpu.runtime import _cuda_device
     from mgpu.workloads.matmul.workload import _gemm_accumulate, _tf32
 
     dev = _cuda_device()
@@ -301,8 +303,9 @@ def test_cupy_allocations_reach_the_statistics_adaptor():
 
     from mgpu import device as _device
     from mgpu.memory.stats import AllocatorStats
+    from mgpu.runtime import Runtime, RuntimeSetup
 
-    old_mr, old_alloc, old_dev = rmm.mr.get_current_device_resource(), cupy.cuda.get_allocator(), _device._CURRENT
+    old_mr, old_alloc = rmm.mr.get_current_device_resource(), cupy.cuda.get_allocator()
     try:
         rmm.mr.set_current_device_resource(
             rmm.mr.PoolMemoryResource(
@@ -312,8 +315,9 @@ def test_cupy_allocations_reach_the_statistics_adaptor():
         cupy.cuda.set_allocator(rmm_cupy_allocator)
         facts = _device.DeviceFacts("cuda", 0, "gpu", 1 << 30, 1 << 30, "host")
         dev = _device.Device("cuda", cupy, facts)
-        _device.install(dev)
-        AllocatorStats().setup()
+        # A worker as the plugin's setup sees it: one whose runtime holds this device.
+        worker = SimpleNamespace(plugins={RuntimeSetup.name: SimpleNamespace(runtime=Runtime(dev))})
+        AllocatorStats().setup(worker)
         assert isinstance(rmm.mr.get_current_device_resource(), rmm.mr.StatisticsResourceAdaptor)
         tracker = dev.extra["allocator"]
         tracker.begin()
@@ -327,7 +331,6 @@ def test_cupy_allocations_reach_the_statistics_adaptor():
     finally:
         cupy.cuda.set_allocator(old_alloc)
         rmm.mr.set_current_device_resource(old_mr)
-        _device._CURRENT = old_dev
 
 
 def test_pool_statistics_cover_the_job_within_the_budget():
@@ -501,7 +504,7 @@ def check_wait_behind_next_band(dev) -> tuple[float, float]:
 
 
 def test_a_bands_check_runs_as_its_kernel_ends_not_after_the_bands_queued_behind_it():
-    from mgpu.plugins import _cuda_device
+    from mgpu.runtime import _cuda_device
 
     dev = _cuda_device()
     dev.synchronize()
@@ -649,3 +652,48 @@ def test_dot_from_files_bigger_than_the_budget(tmp_path):
     assert abs(result.value - want) <= 1e-9 * float(np.dot(np.abs(x).astype(np.float64), np.abs(y)))
     assert result.pcie.bytes == result.pcie.minimum_bytes == 8 * n
     assert "h2d_pinned" in result.roofline.basis  # bound by PCIe, not by the device's memory
+
+
+# -- the worker runtime -------------------------------------------------------------------
+
+
+def test_closing_the_runtime_frees_its_pinned_buffers_panels_and_cache():
+    import gc
+    import weakref
+
+    from mgpu.runtime import Runtime, _cuda_device
+
+    rt = Runtime(_cuda_device())
+    staging = rt.device.staging
+    staging.ready_buffers(1 << 20)
+    assert staging.buffer_count == staging.threads
+    buffers = [weakref.ref(b) for b in staging._made]
+    rt.panels.keep("job", "a", cupy.ones((256, 256), cupy.float32))
+    rt.device.cache.get("axes", "job", lambda: cupy.arange(10))
+    rt.close()
+    gc.collect()
+    # Every thread's pinned buffers were let go and the pinned pool holds no free block.
+    assert all(ref() is None for ref in buffers)
+    assert cupy.get_default_pinned_memory_pool().n_free_blocks() == 0
+    assert rt.panels.held() == 0 and len(rt.device.cache) == 0 and staging.buffer_count == 0
+
+
+def _runtime_ids(dask_worker=None):
+    from mgpu.runtime import current
+
+    rt = current(dask_worker)
+    return id(rt), rt.device.facts.id, rt.device.is_gpu
+
+
+@pytest.mark.multi_gpu(2)
+def test_each_gpu_worker_has_its_own_runtime():
+    from dask_cuda import LocalCUDACluster
+    from distributed import Client
+
+    from mgpu.runtime import RuntimeSetup
+
+    with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", dashboard_address=None) as cluster, Client(cluster) as client:
+        client.register_plugin(RuntimeSetup("cuda"))
+        got = client.run(_runtime_ids)
+        assert sorted(facts_id for _, facts_id, _ in got.values()) == [0, 1]
+        assert all(gpu for _, _, gpu in got.values())

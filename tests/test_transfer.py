@@ -48,7 +48,11 @@ def test_host_copy_splits_a_strided_block_over_threads(monkeypatch):
     big = np.arange(300 * 50, dtype=np.float32).reshape(300, 50)
     src = big[:, 7:40]  # a column block: strided rows, as a B panel of a row-major file
     dst = np.zeros((300, 33), np.float32)
-    transfer.host_copy(dst, src)
+    staging = transfer.HostStaging(4)
+    try:
+        transfer.host_copy(dst, src, staging)
+    finally:
+        staging.close()
     assert np.array_equal(dst, src)
 
 
@@ -352,10 +356,9 @@ def _stand_in_gpu(monkeypatch: pytest.MonkeyPatch, threads: int) -> tuple[Device
 
     stream = _LateStream()
     monkeypatch.setitem(sys.modules, "cupy", _late_cupy({stream.ptr: stream}))
-    monkeypatch.setattr(transfer, "_POOL", None)  # a pool of ``threads`` for this test
-    monkeypatch.setattr(transfer, "_LOCAL", threading.local())
-    monkeypatch.setattr(transfer, "host_threads", lambda: threads)
-    return Device("cuda", None, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"), new_stream=lambda: stream), stream
+    staging = transfer.HostStaging(threads)
+    facts = DeviceFacts("cuda", 0, "gpu", 1, 1, "h")
+    return Device("cuda", None, facts, new_stream=lambda: stream, staging=staging), stream
 
 
 def _run_copies(stream: _LateStream) -> None:
@@ -517,7 +520,7 @@ def test_kvikio_reads_whole_rows_only(monkeypatch, tmp_path):
 
 
 def test_ready_buffers_gives_every_host_thread_its_own(monkeypatch):
-    _stand_in_gpu(monkeypatch, 4)
+    dev, _ = _stand_in_gpu(monkeypatch, 4)
     made: list[tuple[int, Any]] = []
 
     class Counted(transfer._Buffers):
@@ -527,12 +530,24 @@ def test_ready_buffers_gives_every_host_thread_its_own(monkeypatch):
 
     monkeypatch.setattr(transfer, "_Buffers", Counted)
     # One pool thread exists and is idle: without the barrier it could take every task.
-    transfer._pool().submit(lambda: None).result()
-    transfer.ready_buffers(1024)
+    dev.staging.pool.submit(lambda: None).result()
+    dev.staging.ready_buffers(1024)
     assert len(made) == 4 and len({thread for thread, _ in made}) == 4
     assert all(b.nbytes == 1024 for _, b in made)
-    transfer.ready_buffers(1024)
-    assert len(made) == 4  # each thread keeps its buffers
+    dev.staging.ready_buffers(1024)
+    assert len(made) == 4 and dev.staging.buffer_count == 4  # each thread keeps its buffers
+    # Closing the staging stops its threads and lets every buffer go, once its copies ran.
+    import sys
+    from types import SimpleNamespace
+
+    drained: list[Any] = []
+    pinned_freed: list[int] = []
+    pinned_pool = SimpleNamespace(free_all_blocks=lambda: pinned_freed.append(1))
+    monkeypatch.setattr(sys.modules["cupy"], "get_default_pinned_memory_pool", lambda: pinned_pool, raising=False)
+    monkeypatch.setattr(Counted, "drain", lambda self: drained.append(self), raising=False)
+    dev.staging.close()
+    assert sorted(map(id, drained)) == sorted(id(b) for _, b in made)
+    assert dev.staging.buffer_count == 0 and pinned_freed == [1]
 
 
 def test_the_chunk_size_comes_from_the_config(monkeypatch):
@@ -544,11 +559,11 @@ def test_the_chunk_size_comes_from_the_config(monkeypatch):
         counted: list[int] = []
         monkeypatch.setattr(dev, "count_copy", lambda kind, nbytes, *events: counted.append(nbytes))
         transfer.Stager(dev).load(dst, src, stream)
-        transfer.ready_buffers()
+        dev.staging.ready_buffers()
     _run_copies(stream)
     assert np.array_equal(np.asarray(dst), src)
     assert counted == [10 * 40 * 4] * 10
-    assert transfer._pool().submit(lambda: transfer._LOCAL.buffers.nbytes).result() == 10 * 40 * 4
+    assert dev.staging.pool.submit(lambda: dev.staging.buffers(1).nbytes).result() == 10 * 40 * 4
     assert transfer.chunk_size() == 16 << 20  # outside the setting: mgpu.yaml's default
     with dask.config.set({"mgpu.transfer.chunk-bytes": "32MiB"}):
         assert transfer.chunk_size() == 32 << 20
@@ -564,12 +579,12 @@ def test_a_bad_chunk_size_is_named(value):
 def test_ready_buffers_does_not_wait_for_a_busy_thread(monkeypatch):
     import time
 
-    _stand_in_gpu(monkeypatch, 3)
+    dev, _ = _stand_in_gpu(monkeypatch, 3)
     release = threading.Event()
-    busy = transfer._pool().submit(release.wait)
+    busy = dev.staging.pool.submit(release.wait)
     try:
         t = time.perf_counter()
-        transfer.ready_buffers(1024, timeout=0.3)
+        dev.staging.ready_buffers(1024, timeout=0.3)
         assert time.perf_counter() - t < 5
     finally:
         release.set()

@@ -366,14 +366,16 @@ def test_mandelbrot_warmup_runs_a_small_band_the_way_the_job_does(monkeypatch, v
 
     monkeypatch.setattr(mandelbrot, "run_tile", spy)
     job = Mandelbrot(MandelbrotParams(width=65536, height=65536, max_iter=50, dtype="float64"), verify=verify)
-    job.warmup(Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "host")), Tile(0, {"rows": (0, 8)}))
+    dev = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "host"))
+    job.warmup(dev, Tile(0, {"rows": (0, 8)}))
     assert len(runs) == 1
     small, extra = runs[0]
     assert (small.params.width, small.params.height) == (8192, 8) and small.sinks == {}
     assert (small.params.max_iter, small.params.dtype) == (50, "float64")
     assert small.verify is verify
     assert ("sample" in extra) is verify  # the sampled rows were gathered, as a checked band does
-    ((x, y),) = mandelbrot._AXES.values()  # the job's, not the small band's
+    assert len(dev.cache) == 1  # the job's axes, not the small band's
+    x, y = dev.cache.held("mandelbrot-axes")
     assert x.shape == y.shape == (65536,) and x.dtype == np.float64
 
 
@@ -392,9 +394,9 @@ def test_mandelbrot_bands_of_jobs_in_one_process_each_count_over_their_own_windo
 
 
 def _panels_held(dask_worker: Any = None) -> int:
-    from mgpu import panels
+    from mgpu.runtime import current
 
-    return sum(len(v) for v in panels._STORE.values())
+    return current(dask_worker).panels.held()
 
 
 def test_matmul_distributed_operands(tmp_path, scheduler, cluster):
@@ -477,15 +479,17 @@ def test_a_peers_panel_is_opened_once_a_job_and_closed_only_when_asked(monkeypat
     )
     monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
     monkeypatch.setattr(panels, "enable_peer_access", lambda peer: None)
-    monkeypatch.setattr(panels, "_OPENED", {})
+    store = panels.PanelStore()
     ref = panels.PanelRef("job1", "b1", (4, 4), "float32", "h", 1, b"u", b"handle-b1")
-    first = panels.open_remote(ref, 1)
-    assert panels.open_remote(ref, 1) is first and first.ptr == 1001
-    other = panels.open_remote(panels.PanelRef("job2", "b1", (4, 4), "float32", "h", 1, b"u", b"h2"), 1)
+    first = store.open_remote(ref, 1)
+    assert store.open_remote(ref, 1) is first and first.ptr == 1001
+    other = store.open_remote(panels.PanelRef("job2", "b1", (4, 4), "float32", "h", 1, b"u", b"h2"), 1)
     assert calls == [("open", b"handle-b1"), ("open", b"h2")]
-    assert panels.close_remotes("job1") == 1
+    assert store.close_remotes("job1") == 1
     assert calls[-1] == ("close", 1001) and other.ptr != 0  # the other job's stays open
-    assert panels.close_remotes("job1") == 0
+    assert store.close_remotes("job1") == 0
+    store.close()  # the worker's teardown closes what is still open
+    assert calls[-1] == ("close", 1002) and other.ptr == 0 and store.held() == 0
 
 
 def test_distributed_plan_places_tiles_with_their_panels():

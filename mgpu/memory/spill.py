@@ -65,4 +65,4 @@ class SpillToManaged(WorkerPlugin):
 
         fallback = ManagedFallback(rmm.mr.get_current_device_resource())
         rmm.mr.set_current_device_resource(fallback.resource)
-        _device.current().extra["spill"] = fallback
+        _device.current(worker).extra["spill"] = fallback

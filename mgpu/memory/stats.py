@@ -198,7 +198,7 @@ class AllocatorStats(WorkerPlugin):
     idempotent = True
 
     def setup(self, worker: Any = None) -> None:
-        dev = _device.current()
+        dev = _device.current(worker)
         if not dev.is_gpu or "allocator" in dev.extra:
             return
         if not _cupy_uses_rmm():
@@ -214,14 +214,14 @@ class AllocatorStats(WorkerPlugin):
         dev.extra["allocator"] = RmmTracker(mr, *describe_chain(chain, rmm.mr))
 
 
-def _begin() -> None:
-    tracker = _device.current().extra.get("allocator")
+def _begin(dask_worker: Any = None) -> None:
+    tracker = _device.current(dask_worker).extra.get("allocator")
     if tracker is not None:
         tracker.begin()
 
 
-def _end() -> dict[str, Any]:
-    dev = _device.current()
+def _end(dask_worker: Any = None) -> dict[str, Any]:
+    dev = _device.current(dask_worker)
     tracker = dev.extra.get("allocator")
     if tracker is None:
         return {"kind": "numpy" if not dev.is_gpu else "unknown"}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -41,9 +40,6 @@ _PIXEL_STEPS = 26
 _TALLEST_BAND = 2
 # Row costs are estimated for at most this many groups of rows (see plan()).
 _COST_GROUPS = 1 << 16
-# Per process: the running job's axes on the device (see Mandelbrot._axes_on).
-_AXES: dict[tuple[Any, ...], tuple[Any, Any]] = {}
-_AXES_LOCK = threading.Lock()
 # The square image and steps that measure the ceilings (side, max_iter), per backend.
 _CEILING_SIZE = {"cuda": (8192, 1000), "cpu": (128, 200)}
 
@@ -238,20 +234,21 @@ class Mandelbrot(Workload[MandelbrotParams]):
         copies, each through a new pinned buffer, held their threads ~8 ms)."""
         p = self.params
         key = (p.width, p.height, p.xmin, p.xmax, p.ymin, p.ymax, p.dtype)
-        with _AXES_LOCK:
-            if key not in _AXES:
-                _AXES.clear()  # the job before's
-                x, y = mandelbrot_axes(
-                    width=p.width,
-                    height=p.height,
-                    bounds=(p.xmin, p.xmax, p.ymin, p.ymax),
-                    rows=(0, p.height),
-                    dtype=p.dtype,
-                )
-                with dev.on_stream():
-                    _AXES[key] = dev.to_device(x), dev.to_device(y)
-                dev.synchronize()  # other threads read them on their own streams
-            return _AXES[key]
+
+        def make() -> tuple[Any, Any]:
+            x, y = mandelbrot_axes(
+                width=p.width,
+                height=p.height,
+                bounds=(p.xmin, p.xmax, p.ymin, p.ymax),
+                rows=(0, p.height),
+                dtype=p.dtype,
+            )
+            with dev.on_stream():
+                axes = dev.to_device(x), dev.to_device(y)
+            dev.synchronize()  # other threads read them on their own streams
+            return axes
+
+        return dev.cache.get("mandelbrot-axes", key, make)
 
     def reference(self, plan: Plan) -> dict[int, np.ndarray]:
         """NumPy counts of every tile's sampled pixels, in one pass over all of them."""
