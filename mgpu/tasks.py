@@ -6,15 +6,13 @@ these are the tasks' entry points, which find the worker's device.
 
 from __future__ import annotations
 
-import time
-
 from distributed import get_worker
 
 from . import device as _device
 from . import tiles
 from .panels import PanelRef
 from .planner import Panel, Tile
-from .workloads.base import TileRecord, Workload, injected_delay
+from .workloads.base import TileRecord, Workload
 
 __all__ = ["make_panel", "run_tile", "warmup"]
 
@@ -26,7 +24,7 @@ def make_panel(workload: Workload, panel: Panel, token: str, after: PanelRef | N
 
 def _answer_hook() -> tiles.AnswerHook | None:
     """The ``on_answer`` of a worker plugin that has one (tests spoil a tile's answer
-    through it to prove the checks); None in every job."""
+    through it to prove the checks, or hold it to stop a job mid-way); None in every job."""
     try:
         worker = get_worker()
     except ValueError:
@@ -37,9 +35,6 @@ def _answer_hook() -> tiles.AnswerHook | None:
 
 def run_tile(workload: Workload, tile: Tile, panels: dict[str, PanelRef] | None = None) -> TileRecord:
     """Compute ``tile`` on this worker's device and return its record."""
-    delay = injected_delay()
-    if delay:
-        time.sleep(delay)
     return tiles.run_tile(workload, _device.current(), tile, panels, hook=_answer_hook())
 
 

@@ -7,14 +7,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
 from conftest import wait_for
-from dask_procs import OWN_GROUP, start_proc_cluster
-from test_multinode import DELAY, ROOT, matmul_job, mgpu_cmd, scheduler_task_count
+from dask_procs import OWN_GROUP
+from test_multinode import ROOT, TILE_DELAY_S, matmul_job, mgpu_cmd, scheduler_task_count, start_slow_cluster
 
 
 def _wait_for_a_written_tile(folder: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -36,11 +37,13 @@ def _wait_for_a_written_tile(folder: Path, proc: subprocess.Popen, timeout: floa
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_signal_mid_job_cancels_closes_the_cluster_and_keeps_nothing(tmp_path, sig):
     job = matmul_job(tmp_path, 96, 64, 24, {"m": 12, "n": 32})
-    cmd = mgpu_cmd(job, "--backend", "cpu", "--devices", "2", "--no-dashboard", "--json", tmp_path / "out.json")
-    env = {**os.environ, **DELAY}
+    # As python -m mgpu, its workers holding every tile longer (see tests/slow_mgpu.py).
+    slow = [sys.executable, str(Path(__file__).with_name("slow_mgpu.py")), str(TILE_DELAY_S)]
+    args = [job, "--backend", "cpu", "--devices", "2", "--no-dashboard", "--json", tmp_path / "out.json"]
+    cmd = [*slow, "submit", *map(str, args)]
     # Its own process group, as a shell gives a foreground job: Ctrl-C reaches every process in it.
     with subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **OWN_GROUP
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **OWN_GROUP
     ) as proc:
         _wait_for_a_written_tile(tmp_path, proc)
         started = psutil.Process(proc.pid).children(recursive=True)
@@ -62,7 +65,7 @@ def test_signal_mid_job_cancels_closes_the_cluster_and_keeps_nothing(tmp_path, s
 
 
 def test_sigterm_on_a_joined_cluster_cancels_the_jobs_tasks_and_leaves_the_cluster(tmp_path):
-    cluster = start_proc_cluster(tmp_path / "cluster", n_workers=2, env=DELAY)
+    cluster = start_slow_cluster(tmp_path / "cluster", n_workers=2)
     try:
         job = matmul_job(tmp_path, 96, 64, 24, {"m": 12, "n": 32})
         cmd = mgpu_cmd(job, "--scheduler", cluster.address, "--json", tmp_path / "out.json")

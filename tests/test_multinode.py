@@ -18,6 +18,7 @@ import psutil
 import pytest
 from conftest import wait_for, write_job
 from dask_procs import start_proc_cluster, wait_until_processing, worker_by_name
+from faults import SlowTiles
 
 from mgpu import kernels
 
@@ -111,7 +112,23 @@ def test_a_scheduler_that_is_neither_address_nor_file_is_refused(tmp_path):
 
 # -- losing workers ------------------------------------------------------------------------------
 
-DELAY = {"DASK_MGPU__TESTING__TILE_DELAY": "0.3"}
+# How much longer every tile is held on a slow cluster's workers: the job is still running
+# when a test kills a worker or stops mgpu.
+TILE_DELAY_S = 0.3
+
+
+def start_slow_cluster(folder: Path, n_workers: int = 2, **kwargs: Any) -> Any:
+    """A cluster of separate processes (see start_proc_cluster) whose workers hold every
+    tile TILE_DELAY_S longer (the SlowTiles worker plugin, kept by the scheduler for any
+    worker that joins later)."""
+    cluster = start_proc_cluster(folder, n_workers=n_workers, **kwargs)
+    try:
+        with cluster.client() as client:
+            client.register_plugin(SlowTiles(TILE_DELAY_S))
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
 
 
 def _kill_when_busy(cluster: Any, name: str, job_proc: subprocess.Popen) -> str:
@@ -144,7 +161,7 @@ def _submit_killing(
 
 
 def test_worker_killed_mid_job_its_tiles_are_recomputed_and_the_result_is_correct(tmp_path):
-    cluster = start_proc_cluster(tmp_path / "cluster", n_workers=2, env=DELAY)
+    cluster = start_slow_cluster(tmp_path / "cluster", n_workers=2)
     try:
         # 16 tiles, 8 placed on each worker, each taking at least 0.3 s.
         job = matmul_job(tmp_path, 96, 64, 24, {"m": 12, "n": 32})
@@ -169,7 +186,7 @@ def test_worker_killed_mid_job_its_tiles_are_recomputed_and_the_result_is_correc
 
 def test_worker_killed_mid_distributed_matmul_its_panels_and_tiles_are_made_again(tmp_path):
     # Its panels die with it: the survivor makes them again (in their chain) and runs its tiles.
-    cluster = start_proc_cluster(tmp_path / "cluster", n_workers=2, env=DELAY)
+    cluster = start_slow_cluster(tmp_path / "cluster", n_workers=2)
     try:
         job = write_job(
             tmp_path / "job.yaml",
@@ -203,7 +220,7 @@ def test_worker_killed_mid_distributed_matmul_its_panels_and_tiles_are_made_agai
 def test_worker_restarted_by_its_nanny_takes_the_tiles_back(tmp_path):
     """A worker process killed under a nanny comes back at a new address; the tiles that were
     placed on the old one run on the workers there are then, the restarted one included."""
-    cluster = start_proc_cluster(tmp_path / "cluster", n_workers=2, nanny=True, env=DELAY)
+    cluster = start_slow_cluster(tmp_path / "cluster", n_workers=2, nanny=True)
     try:
         job = matmul_job(tmp_path, 96, 64, 24, {"m": 12, "n": 32}, seed=5)
         code, stdout, stderr, victim = _submit_killing(cluster, job, tmp_path / "out.json", "0")
@@ -221,7 +238,7 @@ def test_worker_restarted_by_its_nanny_takes_the_tiles_back(tmp_path):
 
 
 def test_losing_every_worker_fails_the_job_with_a_clear_message(tmp_path):
-    cluster = start_proc_cluster(tmp_path / "cluster", n_workers=1, env=DELAY)
+    cluster = start_slow_cluster(tmp_path / "cluster", n_workers=1)
     try:
         job = matmul_job(tmp_path, 96, 64, 24, {"m": 12, "n": 32})
         env = {**os.environ, "DASK_MGPU__RECOVERY__WAIT_FOR_WORKERS": "1s"}

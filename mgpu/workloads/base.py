@@ -16,7 +16,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-import dask.config
 from pydantic import BaseModel
 
 from ..device import Device, DeviceFacts
@@ -26,7 +25,7 @@ from ..sources import NpySink
 if TYPE_CHECKING:
     from ..tiles import TileContext
 
-__all__ = ["TileRecord", "Workload", "injected_delay"]
+__all__ = ["TileRecord", "Workload"]
 
 
 @dataclass
@@ -56,15 +55,6 @@ class TileRecord:
     # Worker wall clock as the tile passed its steps ("checked", "written", ...), in order:
     # where a tile's time goes between start and stop (benchmarks/timeline.py prints them).
     marks: dict[str, float] = field(default_factory=dict)
-
-
-def injected_delay() -> float:
-    """Seconds the tests asked every tile to take longer (``mgpu.testing.tile-delay``).
-
-    Read from Dask's config on the worker, so that a job is still running when a test
-    kills a worker or interrupts mgpu.
-    """
-    return float(dask.config.get("mgpu.testing.tile-delay", default=0) or 0)
 
 
 P = TypeVar("P", bound=BaseModel)
