@@ -28,8 +28,6 @@ DEFAULTS_PATH = Path(__file__).with_name("mgpu.yaml")
 SCHEMA_PATH = Path(__file__).with_name("mgpu-schema.yaml")
 ReadMethod = Literal["auto", "kvikio", "mmap"]
 READ_METHODS: tuple[str, ...] = get_args(ReadMethod)
-# Keys under mgpu.testing steer the tests' fault injection; they are no setting of mgpu's.
-_NOT_SETTINGS = frozenset({"testing"})
 
 dask.config.update_defaults(yaml.safe_load(DEFAULTS_PATH.read_text()))
 
@@ -159,7 +157,7 @@ def load() -> Settings:
     raw = dask.config.get("mgpu", default=None) or {}
     if not isinstance(raw, dict):
         raise JobInputError(f"mgpu: {raw!r} is not a mapping of mgpu's settings (see mgpu/mgpu.yaml)")
-    doc = {k: v for k, v in _canonical(raw).items() if k not in _NOT_SETTINGS}
+    doc = _canonical(raw)
     try:
         return Settings.model_validate(doc)
     except ValidationError as e:

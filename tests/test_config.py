@@ -23,8 +23,6 @@ import mgpu.cluster
 from mgpu import config
 
 ROOT = Path(__file__).resolve().parents[1]
-# The tests' fault injection (mgpu.testing.*) steers test runs; it is no setting of mgpu's.
-NOT_SETTINGS = ("mgpu.testing",)
 FILE_SUFFIXES = (".yaml", ".py", ".json", ".md")  # mgpu.yaml is a file, not a key
 
 
@@ -114,11 +112,7 @@ def test_every_mgpu_key_the_code_and_the_docs_name_is_a_setting():
     for path in files:
         for match in re.finditer(r"(?<![\w/.-])mgpu(?:\.[a-z][a-z0-9_-]*)+", path.read_text()):
             named.setdefault(match.group(), str(path.relative_to(ROOT)))
-    keys = {
-        k: where
-        for k, where in named.items()
-        if not _is_code(k) and not k.startswith(NOT_SETTINGS) and not k.endswith(FILE_SUFFIXES)
-    }
+    keys = {k: where for k, where in named.items() if not _is_code(k) and not k.endswith(FILE_SUFFIXES)}
     assert "mgpu.transfer.chunk-bytes" in keys  # the scan finds keys at all
     unknown = {k: where for k, where in keys.items() if k not in KEYS}
     assert unknown == {}, "named in the source but not in mgpu/mgpu.yaml"
@@ -131,7 +125,6 @@ def test_no_module_but_mgpu_config_reads_an_mgpu_key():
         for p in (ROOT / "mgpu").rglob("*.py")
         if p.name != "config.py"
         for key in reads.findall(p.read_text())
-        if not key.startswith(NOT_SETTINGS)
     ]
     assert offenders == []
 
