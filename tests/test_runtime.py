@@ -3,9 +3,11 @@ from tasks through their worker, and freed by the plugin's teardown."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any
 
+import dask.config
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
@@ -17,7 +19,11 @@ from mgpu.device import current as current_device
 
 @pytest.fixture(scope="module")
 def one_process():
-    """Two CPU workers in this process, each with mgpu's runtime plugin."""
+    """Two CPU workers in this process, each with mgpu's runtime plugin.
+
+    Dask's configuration is this process's, so the settings a job hands its workers land
+    in the tests' own: it is put back as it was afterwards."""
+    saved = copy.deepcopy(dask.config.config)
     cluster = LocalCluster(
         n_workers=2,
         threads_per_worker=2,
@@ -29,6 +35,8 @@ def one_process():
         client.register_plugin(runtime.RuntimeSetup("cpu"))
         yield client
     cluster.close()
+    dask.config.config.clear()
+    dask.config.config.update(saved)
 
 
 def _workers(client: Client) -> list[str]:
