@@ -21,8 +21,9 @@ import psutil
 from distributed import Client, LocalCluster
 
 from . import config
-from .device import DeviceFacts, address_space_room, visible_gpu_count
+from .device import DeviceFacts, address_space_room
 from .errors import JobInputError
+from .info import visible_gpu_count
 from .memory import AllocatorChoice, rmm_options
 from .memory.stats import AllocatorStats
 from .plugins import SettingsSetup

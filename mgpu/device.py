@@ -10,7 +10,6 @@ copies on the CPU.
 from __future__ import annotations
 
 import contextlib
-import os
 import resource
 import threading
 import time
@@ -24,7 +23,7 @@ import psutil
 from . import kernels
 from .transfer import HostStaging
 
-__all__ = ["Device", "DeviceCache", "DeviceFacts", "Timing", "address_space_room", "current", "visible_gpu_count"]
+__all__ = ["Device", "DeviceCache", "DeviceFacts", "Timing", "address_space_room", "current"]
 
 T = TypeVar("T")
 
@@ -302,28 +301,6 @@ def current(worker: Any = None) -> Device:
     from .runtime import current as current_runtime
 
     return current_runtime(worker).device
-
-
-def visible_gpu_count() -> int:
-    """How many CUDA devices this process can see, without creating a CUDA context.
-
-    NVML answers without touching CUDA, so the client stays light; 0 when neither NVML
-    nor CuPy is installed or no driver is loaded.
-    """
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        count = min(count, len([v for v in visible.split(",") if v.strip()]))
-    return count
 
 
 def address_space_room(memory: int) -> int:

@@ -8,13 +8,12 @@ import os
 import platform
 from typing import TYPE_CHECKING, Any
 
-from .device import visible_gpu_count
 from .memory import AllocatorChoice
 
 if TYPE_CHECKING:
     from .cluster import ClusterInfo
 
-__all__ = ["machine_info", "runtime_env"]
+__all__ = ["machine_info", "runtime_env", "visible_gpu_count"]
 
 _PACKAGES = (
     "mgpu",
@@ -150,3 +149,25 @@ def _worker_env() -> dict[str, Any]:
             if i != j and rt.deviceCanAccessPeer(i, j)
         ],
     }
+
+
+def visible_gpu_count() -> int:
+    """How many CUDA devices this process can see, without creating a CUDA context.
+
+    NVML answers without touching CUDA, so the client stays light; 0 when neither NVML
+    nor CuPy is installed or no driver is loaded.
+    """
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = min(count, len([v for v in visible.split(",") if v.strip()]))
+    return count

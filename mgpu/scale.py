@@ -17,8 +17,8 @@ from pathlib import Path
 from .client.run import run_job
 from .client.watch import Events
 from .cluster import resolve_cluster
-from .device import visible_gpu_count
 from .errors import JobInputError
+from .info import visible_gpu_count
 from .results import Result
 from .spec import Job, load_job
 from .workloads import get_workload_class
