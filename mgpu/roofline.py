@@ -87,15 +87,15 @@ def ceiling_units() -> dict[str, str]:
     return units
 
 
-def measure_ceilings(groups: Sequence[str]) -> dict[str, float]:
-    """Measure this worker's device alone (runs as a task on the worker).
+def measure_ceilings(groups: Sequence[str], dev: Device | None = None) -> dict[str, float]:
+    """Measure this worker's device alone (runs as a task on the worker), or ``dev``.
 
     ``groups``: ``"device"`` (the copy and transfer rates) and workload names (each
     measures its own).
     """
     from .workloads import get_workload_class
 
-    dev = current()
+    dev = dev or current()
     out: dict[str, float] = {}
     with dev.on_stream():
         for group in groups:

@@ -92,24 +92,21 @@ def test_a_gpu_tile_allocates_what_its_plan_estimates(name, capsys):
     rmm = pytest.importorskip("rmm")
     from rmm.allocators.cupy import rmm_cupy_allocator
 
-    from mgpu import device as _device
-    from mgpu.plugins import _cuda_device
-    from mgpu.workloads.mandelbrot import workload as mandelbrot
+    from mgpu.runtime import _cuda_device
 
     make, tiling = GPU_CASES[name]
-    old_mr, old_alloc, old_dev = rmm.mr.get_current_device_resource(), cupy.cuda.get_allocator(), _device._CURRENT
+    old_mr, old_alloc = rmm.mr.get_current_device_resource(), cupy.cuda.get_allocator()
     stats = rmm.mr.StatisticsResourceAdaptor(rmm.mr.CudaMemoryResource())
     try:
         rmm.mr.set_current_device_resource(stats)
         cupy.cuda.set_allocator(rmm_cupy_allocator)
         dev = _cuda_device()
-        _device.install(dev)
         workload = make()
         plan = workload.plan({"gpu-0": dev.facts}, int(0.8 * dev.facts.memory), tiling)
         tile = plan.tiles[0]
         run_tile(workload, dev, tile)  # compiles the kernels, makes cuBLAS's handle
         dev.synchronize()
-        mandelbrot._AXES.clear()  # a fresh job's: its tile copies the axes to the device
+        dev.cache.clear()  # a fresh job's: its tile copies the axes to the device
         stats.push_counters()
         run_tile(workload, dev, tile)
         dev.synchronize()
@@ -117,7 +114,6 @@ def test_a_gpu_tile_allocates_what_its_plan_estimates(name, capsys):
     finally:
         cupy.cuda.set_allocator(old_alloc)
         rmm.mr.set_current_device_resource(old_mr)
-        _device._CURRENT = old_dev
     with capsys.disabled():
         print(
             f"\nworking set {name}: tile {plan.tile_shape}, estimate {plan.working_set / 2**20:.1f} MiB, "

@@ -159,11 +159,9 @@ def local_ceilings(devices: dict[str, DeviceFacts]) -> tuple[dict[str, dict[str,
 
 _CALIBRATE = """
 import json, sys
-from mgpu import device
-from mgpu.plugins import _cpu_device
+from mgpu.runtime import _cpu_device
 from mgpu.roofline import measure_ceilings
-device.install(_cpu_device(None))
-print(json.dumps(measure_ceilings(sys.argv[1:])))
+print(json.dumps(measure_ceilings(sys.argv[1:], _cpu_device(None))))
 """
 
 
