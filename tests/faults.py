@@ -1,9 +1,10 @@
 """Worker plugins that reach into every tile's answer before its check (see
 mgpu.tiles.run_tile's ``hook``): one spoils a tile, for the tests that prove every
-workload's check fails a job; one holds every tile, for the tests that stop a job mid-way."""
+workload's check fails a job; and one that holds every tile, for the tests that stop a job mid-way."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from typing import Any
@@ -28,14 +29,34 @@ class SpoilTile(WorkerPlugin):
 
 
 class SlowTiles(WorkerPlugin):
-    """Hold every tile ``seconds`` longer on these workers (before its check), so that a job
-    is still running when a test kills a worker or interrupts mgpu."""
+    """Hold every tile ``seconds`` before it starts, on these workers, so that a job is still
+    running when a test kills a worker, changes an input or interrupts mgpu.
+
+    It wraps the tile task's function in each worker's process (tasks name it by reference,
+    so the workers find the wrapper); teardown puts it back.
+    """
 
     name = "mgpu-test-slow-tiles"
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
+        self._real: Any = None
 
-    def on_answer(self, workload: Any, tile: Any, answer: Any) -> Any:
-        time.sleep(self.seconds)
-        return answer
+    def setup(self, worker: Any = None) -> None:
+        import mgpu.tasks
+
+        real = self._real = mgpu.tasks.run_tile
+        seconds = self.seconds
+
+        @functools.wraps(real)
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(seconds)
+            return real(*args, **kwargs)
+
+        mgpu.tasks.run_tile = slow
+
+    def teardown(self, worker: Any = None) -> None:
+        import mgpu.tasks
+
+        if self._real is not None:
+            mgpu.tasks.run_tile = self._real

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from faults import SlowTiles
@@ -18,8 +19,8 @@ import mgpu.client.run
 from mgpu.cli import cli
 
 
-def main() -> None:
-    seconds = float(sys.argv[1])
+def install(seconds: float) -> None:
+    """Register SlowTiles(seconds) on every cluster this process's mgpu opens."""
     opened = mgpu.client.run.open_cluster
 
     @contextlib.contextmanager
@@ -29,6 +30,16 @@ def main() -> None:
             yield info
 
     mgpu.client.run.open_cluster = open_slow
+
+
+def prelude(seconds: float) -> str:
+    """Python that does :func:`install` in a process started from the repository's root."""
+    here = str(Path(__file__).parent)
+    return f"import sys; sys.path.insert(0, {here!r}); import slow_mgpu; slow_mgpu.install({seconds!r})"
+
+
+def main() -> None:
+    install(float(sys.argv[1]))
     cli(args=sys.argv[2:], prog_name="mgpu")
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
+import slow_mgpu
 from conftest import invoke, write_job
 
 from mgpu.device import DeviceFacts
@@ -324,7 +325,7 @@ def test_an_input_file_changed_while_the_job_reads_it_fails_the_job_cleanly(tmp_
     before = _listing(tmp_path)
     start = time.perf_counter()
     # Each tile waits two seconds before it reads, so the file changes under a running job.
-    proc = start_mgpu("submit", job, env={"DASK_MGPU__TESTING__TILE_DELAY": "2.0"})
+    proc = start_mgpu("submit", job, prelude=slow_mgpu.prelude(2.0))
     seen = ""
     for line in proc.stdout:  # the plan is printed once the cluster is up, before any tile
         seen += line
