@@ -48,6 +48,8 @@ class Tile:
     # What the workload's tile function needs besides the bounds (a block size, say): the
     # plan is data, and the workload object holds only the job's parameters.
     args: dict[str, Any] = field(default_factory=dict)
+    # The tiles this one exchanges with at every step of a stepped plan (see Plan.steps).
+    neighbours: tuple[int, ...] = ()
 
     def size(self, axis: str) -> int:
         lo, hi = self.bounds[axis]
@@ -83,6 +85,10 @@ class Plan:
     budget: int  # the per-device budget the plan was made for
     notes: dict[str, Any] = field(default_factory=dict)
     panels: list[Panel] = field(default_factory=list)  # made before the tiles, on their workers
+    # Above 1: every tile keeps its state on its worker and advances it this many steps,
+    # exchanging with its neighbours between steps (Workload.start and step), then ends as
+    # a tile does (run, check, store). Static placement only.
+    steps: int = 1
 
     def describe(self) -> str:
         shape = " x ".join(f"{k}={v}" for k, v in self.tile_shape.items())

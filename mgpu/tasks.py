@@ -14,7 +14,7 @@ from .panels import PanelRef
 from .planner import Panel, Tile
 from .workloads.base import TileRecord, Workload
 
-__all__ = ["make_panel", "run_tile", "warmup"]
+__all__ = ["lost_stepped_tile", "make_panel", "run_tile", "step_tile", "warmup"]
 
 
 def make_panel(workload: Workload, panel: Panel, token: str, after: PanelRef | None = None) -> PanelRef:
@@ -33,9 +33,37 @@ def _answer_hook() -> tiles.AnswerHook | None:
     return hooks[0] if hooks else None
 
 
-def run_tile(workload: Workload, tile: Tile, panels: dict[str, PanelRef] | None = None) -> TileRecord:
-    """Compute ``tile`` on this worker's device and return its record."""
-    return tiles.run_tile(workload, _device.current(), tile, panels, hook=_answer_hook())
+def run_tile(
+    workload: Workload,
+    tile: Tile,
+    panels: dict[str, PanelRef] | None = None,
+    token: str = "",
+    stepped: tiles.Sent | None = None,
+) -> TileRecord:
+    """Compute ``tile`` on this worker's device and return its record (``stepped``: the
+    tile's last step, for a stepped plan)."""
+    return tiles.run_tile(workload, _device.current(), tile, panels, token=token, hook=_answer_hook(), stepped=stepped)
+
+
+def step_tile(
+    workload: Workload,
+    tile: Tile,
+    step: int,
+    token: str,
+    previous: tiles.Sent | None,
+    received: list[tiles.Sent],
+    remote: frozenset[int],
+) -> tiles.Sent:
+    """Step ``step`` of a stepped tile on this worker's device (see :func:`mgpu.tiles.step_tile`)."""
+    return tiles.step_tile(workload, _device.current(), tile, step, token, previous, received, remote)
+
+
+def lost_stepped_tile(index: int) -> None:
+    """Stands for a stepped tile resubmitted after its worker was lost: its state went too."""
+    raise RuntimeError(
+        f"tile {index} kept its state on a worker that was lost; a stepped job cannot recompute "
+        "one tile alone: run the job again"
+    )
 
 
 def warmup(workload: Workload, tile: Tile) -> None:

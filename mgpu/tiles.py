@@ -4,7 +4,8 @@ A workload says what a tile computes (:meth:`~mgpu.workloads.base.Workload.run`)
 is checked (``check``) and where its answer goes (``store``); this module times it,
 counts the bytes it staged and what it spilled, runs the check when the job verifies,
 and fills the record the client receives. Panels (blocks made once per worker) are made
-through the same routine, and so are the warm-ups' small tiles.
+through the same routine, and so are the warm-ups' small tiles. A stepped tile (see
+``Plan.steps``) keeps its context on its worker from its first step to its end.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import dataclasses
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
     from .planner import Panel, Tile
     from .workloads.base import TileRecord, Workload
 
-__all__ = ["TileContext", "make_panel", "new_record", "run_tile"]
+__all__ = ["Sent", "TileContext", "make_panel", "new_record", "release_steps", "run_tile", "step_tile"]
 
 # Called with (workload, tile, answer) between a tile's run and its check; returns the
 # answer the check sees. Tests set it on a worker (see tests/contract) to prove that a
@@ -50,6 +52,7 @@ class TileContext:
     panels: dict[str, PanelRef] = field(default_factory=dict)
     token: str = ""
     timings: list[Timing] = field(default_factory=list)
+    state: Any = None  # a stepped tile's, between its steps (see Workload.start)
 
     @contextlib.contextmanager
     def timer(self, stream: Any = None, *, wait: bool = False) -> Iterator[Timing]:
@@ -84,22 +87,99 @@ def new_record(dev: Device, tile: Tile, start: float, **kwargs: Any) -> TileReco
     )
 
 
-def _counter(dev: Device) -> Callable[[TileRecord], None]:
+def _counter(dev: Device, *, add: bool = False) -> Callable[[TileRecord], None]:
     """Start counting what a task moves and spills; the function returned fills a record
-    with what was counted since."""
+    with what was counted since (adds it, with ``add``: a stepped tile's steps each count)."""
     h2d, d2h, (events, spilled) = dev.bytes_h2d, dev.bytes_d2h, dev.spill_counts()
     if dev.is_gpu:
         dev.copy_seconds()  # forget copies from before this task (a warm-up's)
 
     def fill(record: TileRecord) -> None:
-        record.bytes_h2d, record.bytes_d2h = dev.bytes_h2d - h2d, dev.bytes_d2h - d2h
         now_events, now_spilled = dev.spill_counts()
-        record.spill_events, record.spill_bytes = now_events - events, now_spilled - spilled
+        counts = {
+            "bytes_h2d": dev.bytes_h2d - h2d,
+            "bytes_d2h": dev.bytes_d2h - d2h,
+            "spill_events": now_events - events,
+            "spill_bytes": now_spilled - spilled,
+        }
         if dev.is_gpu:
             seconds = dev.copy_seconds()
-            record.h2d_s, record.d2h_s = seconds["h2d"], seconds["d2h"]
+            counts.update(h2d_s=seconds["h2d"], d2h_s=seconds["d2h"])
+        for name, value in counts.items():
+            setattr(record, name, getattr(record, name) + value if add else value)
 
     return fill
+
+
+@dataclass
+class Sent:
+    """What one step of tile ``sender`` sends its neighbours (tile index -> data).
+
+    ``ready``: on a GPU, an event on the sender's stream after which the step and its
+    data (on the device) are complete; None where the step was waited for (its data
+    fetched to the host for a neighbour on another worker) and on CPUs.
+    """
+
+    sender: int
+    data: dict[int, Any]
+    ready: Any = None
+
+
+# The contexts of this process's stepped tiles between their steps: (job token, tile index).
+_STEPPING: dict[tuple[str, int], TileContext] = {}
+_STEPPING_LOCK = threading.Lock()
+
+
+def step_tile(
+    workload: Workload,
+    dev: Device,
+    tile: Tile,
+    step: int,
+    token: str,
+    previous: Sent | None,
+    received: list[Sent],
+    remote: frozenset[int] = frozenset(),
+) -> Sent:
+    """Run step ``step`` of a stepped tile on this worker (see ``Plan.steps``).
+
+    Waits (on this thread's stream) for the tile's step before and for what its neighbours
+    sent, calls the workload's ``step`` (``start`` first, at step 0) and returns what the
+    tile sends. Data for a neighbour in ``remote`` (placed on another worker) is fetched to
+    the host; the rest stays on the device, ordered by an event.
+    """
+    key = (token, tile.index)
+    with dev.on_stream():
+        if dev.is_gpu:
+            for sent in (previous, *received):
+                if sent is not None and sent.ready is not None:
+                    dev.stream.wait_event(sent.ready)
+        count = _counter(dev, add=True)
+        if step == 0:
+            ctx = TileContext(dev, new_record(dev, tile, time.time(), busy_s=0.0, work=0.0), workload.verify, {}, token)
+            ctx.state = workload.start(ctx, tile)
+            with _STEPPING_LOCK:
+                _STEPPING[key] = ctx
+        else:
+            with _STEPPING_LOCK:
+                ctx = _STEPPING[key]
+        out = workload.step(ctx, tile, step, {s.sender: s.data[tile.index] for s in received})
+        ready = None
+        if remote & set(out):
+            dev.synchronize()
+            out = {n: dev.to_host(data) if n in remote else data for n, data in out.items()}
+        elif dev.is_gpu:  # the next step (and the neighbours' here) may run on another stream
+            ready = dev.stream.record()
+        count(ctx.record)
+    return Sent(tile.index, out, ready)
+
+
+def release_steps(token: str) -> int:
+    """Drop this process's stepped tiles of one job (a task on each worker once the job ends)."""
+    with _STEPPING_LOCK:
+        gone = [key for key in _STEPPING if key[0] == token]
+        for key in gone:
+            del _STEPPING[key]
+    return len(gone)
 
 
 def run_tile(
@@ -110,6 +190,7 @@ def run_tile(
     *,
     token: str = "",
     hook: AnswerHook | None = None,
+    stepped: Sent | None = None,
 ) -> TileRecord:
     """Run ``tile`` of ``workload`` on ``dev`` and return its record.
 
@@ -117,11 +198,26 @@ def run_tile(
     ``check``, then its ``store``, then a wait for the stream. The record holds the device
     time of what the workload timed, the bytes staged in and out, what spilled, the
     check's error and verdict, and the wall clock at the steps ("checked", "written").
+    ``stepped`` is the last step of a stepped tile (see :func:`step_tile`), whose context,
+    kept on this worker since its first step, the tile ends with.
     """
-    start = time.time()
-    fill = _counter(dev)
-    ctx = TileContext(dev, new_record(dev, tile, start, busy_s=0.0, work=0.0), workload.verify, panels or {}, token)
+    if stepped is None:
+        fill = _counter(dev)
+        ctx = TileContext(
+            dev, new_record(dev, tile, time.time(), busy_s=0.0, work=0.0), workload.verify, panels or {}, token
+        )
+    else:
+        with _STEPPING_LOCK:
+            ctx = _STEPPING.pop((token, tile.index), None)  # type: ignore[assignment]
+        if ctx is None:
+            raise RuntimeError(
+                f"tile {tile.index}'s state is not on this worker (its worker was lost mid-job?): "
+                "a stepped job cannot recompute one tile alone; run the job again"
+            )
+        fill = _counter(dev, add=True)
     with dev.on_stream():
+        if stepped is not None and stepped.ready is not None:
+            dev.stream.wait_event(stepped.ready)
         answer = workload.run(ctx, tile)
         if hook is not None:
             answer = hook(workload, tile, answer)

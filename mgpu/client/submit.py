@@ -1,7 +1,8 @@
 """Place a plan's panels and tiles on the workers and collect the tiles' records.
 
 Placement is the plan's: static tiles go to their worker, dynamic ones to whichever worker
-has room. Only small records come back; inputs are made or read by the workers.
+has room; the steps of a stepped plan go to their tile's worker. Only small records come
+back; inputs are made or read by the workers.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from ..panels import close_remotes
 from ..panels import release as release_panels
 from ..planner import Plan, Tile
 from ..results import Recovery
-from ..tasks import make_panel, run_tile, warmup
+from ..tasks import lost_stepped_tile, make_panel, run_tile, step_tile, warmup
+from ..tiles import release_steps
 from ..workloads.base import TileRecord, Workload
 from .recover import TileTracker
 
-__all__ = ["panel_priorities", "run_plan", "tile_places", "warm_up"]
+__all__ = ["panel_priorities", "run_plan", "submit_steps", "tile_places", "warm_up"]
 
 # Tiles queued on each worker under dynamic placement, beyond those running at once: two,
 # so a worker never waits for the client's round trip between short tiles.
@@ -70,6 +72,42 @@ def panel_priorities(plan: Plan) -> dict[str, int]:
         for name in t.needs:
             first[name] = min(first.get(name, places[t.index]), places[t.index])
     return {p.name: -first.get(p.name, len(plan.tiles)) for p in plan.panels}
+
+
+def submit_steps(
+    client: Any, workload: Workload, plan: Plan, token: str, resources: dict[str, float] | None = None
+) -> dict[int, Any]:
+    """Submit every step of a stepped plan (``plan.steps``); returns each tile's last step.
+
+    Step s of a tile runs on the tile's worker after its own step s-1 and its neighbours'
+    (what they sent is an argument); a neighbour on another worker is sent its data
+    through the host. All steps are submitted at once: a worker runs each as soon as
+    what it waits for has run, earlier steps first.
+    """
+    where = {t.index: t.worker for t in plan.tiles}
+    last: dict[int, Any] = {}
+    for step in range(plan.steps):
+        now = {}
+        for t in plan.tiles:
+            remote = frozenset(n for n in t.neighbours if where[n] != t.worker)
+            now[t.index] = client.submit(
+                step_tile,
+                workload,
+                t,
+                step,
+                token,
+                last.get(t.index),
+                [last[n] for n in t.neighbours if n in last],
+                remote,
+                key=f"{workload.name}-step-{t.index}-{step}-{token}",
+                workers=[t.worker],
+                allow_other_workers=False,
+                pure=False,
+                resources=resources,
+                priority=-step,
+            )
+        last = now
+    return last
 
 
 def run_plan(
@@ -124,14 +162,20 @@ def run_plan(
             priority=priorities[p.name],
         )
 
+    stepped = submit_steps(client, workload, plan, token, resources) if plan.steps > 1 else {}
+
     def submit(tile: Tile, worker: str | None, attempt: int) -> Any:
         again = f"-r{attempt}" if attempt else ""
+        if stepped and attempt:
+            return client.submit(lost_stepped_tile, tile.index, key=f"{prefix}-{tile.index}-{token}{again}", pure=False)
         needs = {name: panel_futures[name] for name in tile.needs}
         return client.submit(
             run_tile,
             workload,
             tile,
             needs or None,
+            token,
+            stepped.get(tile.index),
             key=f"{prefix}-{tile.index}-{token}{again}",
             workers=[worker] if worker else None,
             allow_other_workers=False,
@@ -163,6 +207,9 @@ def run_plan(
             panel_records.extend(ref.record for ref in client.gather(list(panel_futures.values())) if ref.record)
     finally:
         tracker.cancel()
+        if stepped:
+            client.cancel(list(stepped.values()))
+            client.run(release_steps, token)
         if panel_futures:
             client.cancel(list(panel_futures.values()))
             # Every tile has ended: each process closes the peers' panels it opened, then

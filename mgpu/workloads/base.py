@@ -211,6 +211,27 @@ class Workload(ABC, Generic[P]):
         :func:`mgpu.tiles.run_tile`), to prove that every workload's check catches a fault.
         """
 
+    # -- tiles that step (a plan with steps > 1) ------------------------------------
+    def start(self, ctx: TileContext, tile: Tile) -> Any:
+        """Make the tile's state on its worker before its first step (it stays there, in
+        ``ctx.state``, until the tile ends)."""
+        raise NotImplementedError(f"{self.name} plans no steps")
+
+    def step(self, ctx: TileContext, tile: Tile, step: int, received: dict[int, Any]) -> dict[int, Any]:
+        """Advance the tile's state (``ctx.state``) by step ``step``.
+
+        ``received`` maps each neighbour (a tile index, see ``Tile.neighbours``) to what it
+        sent at the step before (empty at step 0). Returns what to send each neighbour for
+        the next step: small arrays on this device, which reach a neighbour on this worker
+        as they are (ordered by the streams) and one on another worker through the host.
+        An array sent at step s must stay as it is until this tile's step s + 2 (the core
+        runs that after the neighbours' step s + 1, which read it): keep two buffers per
+        neighbour and use them in turn, rather than new arrays that could be freed and
+        reused while a neighbour's stream still reads them. After the last step, ``run``
+        makes the tile's answer from the state.
+        """
+        raise NotImplementedError(f"{self.name} plans no steps")
+
     def make_panel(self, dev: Device, panel: Any, token: str) -> Any:
         """Make ``panel`` (a :class:`~mgpu.planner.Panel` the plan named) on this worker."""
         raise NotImplementedError(f"{self.name} plans no panels")

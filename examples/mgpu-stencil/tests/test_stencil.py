@@ -1,0 +1,152 @@
+"""workload: stencil on CPU workers: the bands with their halo exchange give NumPy's sweep."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from distributed import LocalCluster
+from mgpu_stencil import Stencil, StencilParams, jacobi_step, sweep
+
+from mgpu.device import DeviceFacts
+from mgpu.errors import JobInputError
+from mgpu.kernels import random_block
+from mgpu.spec import validate_job
+from mgpu.workloads import get_workload_class, workload_names
+
+HERE = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def scheduler():
+    cluster = LocalCluster(
+        n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0", silence_logs=logging.WARNING
+    )
+    try:
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
+
+
+def _grid(height: int, width: int, seed: int = 0, dtype: str = "float32") -> np.ndarray:
+    return random_block(np, seed=seed, operand=0, rows=(0, height), cols=(0, width), total_cols=width, dtype=dtype)
+
+
+def _submit(tmp_path: Path, doc: dict, *extra: str) -> subprocess.CompletedProcess:
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    return subprocess.run(
+        [sys.executable, "-m", "mgpu", "submit", str(job), "--json", str(tmp_path / "out.json"), "-q", *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_entry_point_registers_the_workload():
+    assert "stencil" in workload_names() and get_workload_class("stencil") is Stencil
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_bands_exchanging_halo_rows_give_the_whole_grids_sweep(dtype):
+    grid = _grid(23, 17, dtype=dtype)
+    cuts = [(0, 5), (5, 6), (6, 15), (15, 23)]  # a band of one row among them
+    bands = []
+    for r0, r1 in cuts:
+        u = np.zeros((r1 - r0 + 2, 17), dtype)
+        lo, hi = max(0, r0 - 1), min(23, r1 + 1)
+        u[lo - r0 + 1 : hi - r0 + 1] = grid[lo:hi]
+        bands.append((r0, r1, u, np.empty_like(u)))
+    for _ in range(9):
+        for r0, _r1, u, out in bands:
+            jacobi_step(np, u, out, r0, 23)
+        bands = [(r0, r1, out, u) for r0, r1, u, out in bands]
+        for i, (_r0, r1, u, _) in enumerate(bands):  # each band's new edge rows to its neighbours
+            rows = r1 - _r0
+            if i > 0:
+                bands[i - 1][2][-1] = u[1]
+            if i + 1 < len(bands):
+                bands[i + 1][2][0] = u[rows]
+    got = np.concatenate([u[1 : r1 - r0 + 1] for r0, r1, u, _ in bands])
+    want = sweep(grid, 9)
+    np.testing.assert_array_equal(got, want)
+    # The sweep is the heat equation's: fixed edges, each inner cell its neighbours' mean.
+    np.testing.assert_array_equal(want[0], grid[0])
+    np.testing.assert_array_equal(want[:, -1], grid[:, -1])
+    one = sweep(grid, 1)
+    assert one[4, 7] == np.asarray(0.25, dtype) * ((grid[3, 7] + grid[5, 7]) + (grid[4, 6] + grid[4, 8]))
+
+
+def test_plan_gives_each_band_its_neighbours_and_the_steps():
+    devices = {f"w{i}": DeviceFacts("cpu", i, "cpu", 1 << 30, 1 << 30, "h") for i in range(3)}
+    wl = Stencil(StencilParams(height=100, width=10, steps=7, bands_per_device=2))
+    plan = wl.plan(devices, 1 << 30, {})
+    assert plan.steps == 7 and plan.placement == "static"
+    assert [t.bounds["rows"] for t in plan.tiles] == [(i * 100 // 6, (i + 1) * 100 // 6) for i in range(6)]
+    assert [t.neighbours for t in plan.tiles] == [(1,), (0, 2), (1, 3), (2, 4), (3, 5), (4,)]
+    assert [t.worker for t in plan.tiles] == ["w0", "w0", "w1", "w1", "w2", "w2"]
+    with pytest.raises(JobInputError, match="cluster.memory_limit"):
+        wl.plan(devices, 1000, {})
+
+
+def test_a_job_on_cpu_workers_writes_numpys_sweep(tmp_path, scheduler):
+    out = tmp_path / "grid.npy"
+    doc = {
+        "workload": "stencil",
+        "params": {"height": 61, "width": 37, "steps": 13, "seed": 4, "bands_per_device": 2, "output": str(out)},
+    }
+    res = _submit(tmp_path, doc, "--scheduler", scheduler)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert data["status"] == "ok" and data["verify"]["passed"] is True and data["plan"]["tiles"] == 4
+    assert data["roofline"]["basis"].endswith("copy measured on one device alone")
+    # Each step reads and writes every cell once.
+    assert data["throughput"]["unit"] == "GB/s"
+    np.testing.assert_array_equal(np.load(out), sweep(_grid(61, 37, seed=4), 13))
+
+
+def test_a_grid_from_a_file(tmp_path, scheduler):
+    grid = np.linspace(0, 1, 30 * 20, dtype=np.float64).reshape(30, 20) ** 2
+    np.save(tmp_path / "g.npy", grid)
+    doc = {"workload": "stencil", "params": {"input": {"grid": str(tmp_path / "g.npy")}, "steps": 6}}
+    out = tmp_path / "final.npy"
+    doc["params"]["output"] = str(out)
+    res = _submit(tmp_path, doc, "--scheduler", scheduler)
+    assert res.returncode == 0, res.stdout + res.stderr
+    np.testing.assert_array_equal(np.load(out), sweep(grid, 6))
+
+
+@pytest.mark.parametrize(
+    "params,needles",
+    [
+        ({"height": 2, "width": 10}, ["params.height:", "greater than or equal to 3"]),
+        ({"height": 10, "width": 10, "steps": 0}, ["params.steps:"]),
+        ({"height": 10, "width": 10, "dtype": "float16"}, ["params.dtype:", "float32", "float64"]),
+        ({"width": 10}, ["params.height: required when input is random"]),
+        ({"height": 10, "width": 10, "halo": 2}, ["params.halo: unknown key"]),
+    ],
+)
+def test_bad_params_exit_2(tmp_path, params, needles):
+    res = _submit(tmp_path, {"workload": "stencil", "params": params})
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert all(n in res.stderr for n in needles), res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_a_file_of_another_dtype_is_refused(tmp_path):
+    np.save(tmp_path / "g.npy", np.ones((5, 5), np.float16))
+    with pytest.raises(JobInputError, match="params.input.grid: holds float16; allowed: float32, float64"):
+        validate_job({"workload": "stencil", "params": {"input": {"grid": str(tmp_path / "g.npy")}}})
+
+
+def test_the_example_job_file_is_valid_and_small():
+    job = validate_job(yaml.safe_load((HERE / "jobs" / "stencil.yaml").read_text()))
+    assert job.workload == "stencil" and job.params.height * job.params.width <= 1 << 22  # checked against NumPy
+    gpu = validate_job(yaml.safe_load((HERE / "jobs" / "stencil-h200.yaml").read_text()))
+    assert 2 * gpu.params.height * gpu.params.width * 4 > 100e9  # most of an H200's 141 GB
