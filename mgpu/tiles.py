@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .device import Device, Timing
 
 if TYPE_CHECKING:
@@ -124,6 +126,12 @@ class Sent:
     data: dict[int, Any]
     ready: Any = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Only what was fetched to the host goes to another process: the device arrays are
+        # for this worker's tiles, and an event means nothing elsewhere.
+        host = {n: d for n, d in self.data.items() if isinstance(d, np.ndarray)}
+        return {"sender": self.sender, "data": host, "ready": None}
+
 
 # The contexts of this process's stepped tiles between their steps: (job token, tile index).
 _STEPPING: dict[tuple[str, int], TileContext] = {}
@@ -143,9 +151,11 @@ def step_tile(
     """Run step ``step`` of a stepped tile on this worker (see ``Plan.steps``).
 
     Waits (on this thread's stream) for the tile's step before and for what its neighbours
-    sent, calls the workload's ``step`` (``start`` first, at step 0) and returns what the
-    tile sends. Data for a neighbour in ``remote`` (placed on another worker) is fetched to
-    the host; the rest stays on the device, ordered by an event.
+    sent, calls the workload's ``step`` (``start`` first, at step 0), then its
+    ``finish_step``, and returns what the tile sends. Data for a neighbour in ``remote``
+    (placed on another worker) is fetched to the host on the copy stream as soon as
+    ``step`` has made it, while ``finish_step``'s work runs; the rest stays on the device,
+    ordered by an event after the whole step.
     """
     key = (token, tile.index)
     with dev.on_stream():
@@ -163,14 +173,25 @@ def step_tile(
             with _STEPPING_LOCK:
                 ctx = _STEPPING[key]
         out = workload.step(ctx, tile, step, {s.sender: s.data[tile.index] for s in received})
-        ready = None
-        if remote & set(out):
-            dev.synchronize()
-            out = {n: dev.to_host(data) if n in remote else data for n, data in out.items()}
-        elif dev.is_gpu:  # the next step (and the neighbours' here) may run on another stream
-            ready = dev.stream.record()
+        far = remote & set(out)
+        made = dev.stream.record() if far and dev.is_gpu else None
+        workload.finish_step(ctx, tile, step)
+        if far:
+            out = {n: _fetch(dev, data, made) if n in far else data for n, data in out.items()}
+        # The next step (and the neighbours' here) may run on another thread's stream.
+        ready = dev.stream.record() if dev.is_gpu else None
         count(ctx.record)
     return Sent(tile.index, out, ready)
+
+
+def _fetch(dev: Device, data: Any, made: Any) -> np.ndarray:
+    """``data`` on the host, copied on the copy stream once ``made`` (an event) has passed:
+    the work enqueued after it on this thread's stream goes on meanwhile."""
+    if not dev.is_gpu:
+        return np.asarray(data)
+    copy = dev.copy_stream
+    copy.wait_event(made)
+    return data.get(stream=copy)  # blocking: returns once the copy is done
 
 
 def release_steps(token: str) -> int:

@@ -232,6 +232,11 @@ class Workload(ABC, Generic[P]):
         """
         raise NotImplementedError(f"{self.name} plans no steps")
 
+    def finish_step(self, ctx: TileContext, tile: Tile, step: int) -> None:
+        """The rest of step ``step``, after ``step`` made what the neighbours get: what is
+        sent to another worker crosses meanwhile (a band's interior, say, once its edge
+        rows are done). By default nothing: ``step`` did it all."""
+
     def make_panel(self, dev: Device, panel: Any, token: str) -> Any:
         """Make ``panel`` (a :class:`~mgpu.planner.Panel` the plan named) on this worker."""
         raise NotImplementedError(f"{self.name} plans no panels")
