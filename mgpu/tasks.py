@@ -53,9 +53,10 @@ def step_tile(
     previous: tiles.Sent | None,
     received: list[tiles.Sent],
     remote: frozenset[int],
+    peers: frozenset[int],
 ) -> tiles.Sent:
     """Step ``step`` of a stepped tile on this worker's device (see :func:`mgpu.tiles.step_tile`)."""
-    return tiles.step_tile(workload, _device.current(), tile, step, token, previous, received, remote)
+    return tiles.step_tile(workload, _device.current(), tile, step, token, previous, received, remote, peers)
 
 
 def lost_stepped_tile(index: int) -> None:

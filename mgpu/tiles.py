@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import exchange
 from .device import Device, Timing
 
 if TYPE_CHECKING:
@@ -127,10 +128,11 @@ class Sent:
     ready: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
-        # Only what was fetched to the host goes to another process: the device arrays are
-        # for this worker's tiles, and an event means nothing elsewhere.
-        host = {n: d for n, d in self.data.items() if isinstance(d, np.ndarray)}
-        return {"sender": self.sender, "data": host, "ready": None}
+        # Only what was made for another process goes there (host copies, peer buffers'
+        # names): the device arrays are for this worker's tiles, and an event means
+        # nothing elsewhere.
+        far = {n: d for n, d in self.data.items() if isinstance(d, (np.ndarray, exchange.PeerArray))}
+        return {"sender": self.sender, "data": far, "ready": None}
 
 
 # The contexts of this process's stepped tiles between their steps: (job token, tile index).
@@ -147,15 +149,17 @@ def step_tile(
     previous: Sent | None,
     received: list[Sent],
     remote: frozenset[int] = frozenset(),
+    peers: frozenset[int] = frozenset(),
 ) -> Sent:
     """Run step ``step`` of a stepped tile on this worker (see ``Plan.steps``).
 
     Waits (on this thread's stream) for the tile's step before and for what its neighbours
     sent, calls the workload's ``step`` (``start`` first, at step 0), then its
     ``finish_step``, and returns what the tile sends. Data for a neighbour in ``remote``
-    (placed on another worker) is fetched to the host on the copy stream as soon as
-    ``step`` has made it, while ``finish_step``'s work runs; the rest stays on the device,
-    ordered by an event after the whole step.
+    (placed on another worker) leaves on the copy stream as soon as ``step`` has made it,
+    while ``finish_step``'s work runs: device to device where that worker is in ``peers``
+    (a GPU of this host) and the GPUs reach each other (see :mod:`mgpu.exchange`), through
+    the host otherwise. The rest stays on the device, ordered by an event after the step.
     """
     key = (token, tile.index)
     with dev.on_stream():
@@ -172,12 +176,24 @@ def step_tile(
         else:
             with _STEPPING_LOCK:
                 ctx = _STEPPING[key]
-        out = workload.step(ctx, tile, step, {s.sender: s.data[tile.index] for s in received})
+        inbox = {}
+        for sent in received:
+            data = sent.data[tile.index]
+            if isinstance(data, exchange.PeerArray):
+                data = exchange.receive(dev, data, previous.ready if previous is not None else None)
+            inbox[sent.sender] = data
+        out = workload.step(ctx, tile, step, inbox)
         far = remote & set(out)
         made = dev.stream.record() if far and dev.is_gpu else None
         workload.finish_step(ctx, tile, step)
         if far:
-            out = {n: _fetch(dev, data, made) if n in far else data for n, data in out.items()}
+            direct = peers if dev.is_gpu and exchange.peers_reachable() else frozenset()
+            out = {
+                n: (exchange.export(dev, token, tile.index, n, step, d, made) if n in direct else _fetch(dev, d, made))
+                if n in far
+                else d
+                for n, d in out.items()
+            }
         # The next step (and the neighbours' here) may run on another thread's stream.
         ready = dev.stream.record() if dev.is_gpu else None
         count(ctx.record)

@@ -12,6 +12,9 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any
 
+from distributed.comm import get_address_host
+
+from .. import exchange
 from ..panels import close_remotes
 from ..panels import release as release_panels
 from ..planner import Plan, Tile
@@ -80,8 +83,8 @@ def submit_steps(
     """Submit every step of a stepped plan (``plan.steps``); returns each tile's last step.
 
     Step s of a tile runs on the tile's worker after its own step s-1 and its neighbours'
-    (what they sent is an argument); a neighbour on another worker is sent its data
-    through the host. All steps are submitted at once: a worker runs each as soon as
+    (what they sent is an argument); a neighbour on another worker gets its data device
+    to device where both are GPUs of one host, through the host otherwise. All steps are submitted at once: a worker runs each as soon as
     what it waits for has run, earlier steps first.
     """
     where = {t.index: t.worker for t in plan.tiles}
@@ -90,6 +93,8 @@ def submit_steps(
         now = {}
         for t in plan.tiles:
             remote = frozenset(n for n in t.neighbours if where[n] != t.worker)
+            # Workers of one host: their GPUs may reach each other directly (mgpu.exchange).
+            peers = frozenset(n for n in remote if get_address_host(where[n]) == get_address_host(t.worker))
             now[t.index] = client.submit(
                 step_tile,
                 workload,
@@ -99,6 +104,7 @@ def submit_steps(
                 last.get(t.index),
                 [last[n] for n in t.neighbours if n in last],
                 remote,
+                peers,
                 key=f"{workload.name}-step-{t.index}-{step}-{token}",
                 workers=[t.worker],
                 allow_other_workers=False,
@@ -210,6 +216,10 @@ def run_plan(
         if stepped:
             client.cancel(list(stepped.values()))
             client.run(release_steps, token)
+            # Every tile has ended: each process closes the peers' buffers it opened, then
+            # (once all have) frees its own.
+            client.run(exchange.release, token)
+            client.run(exchange.free, token)
         if panel_futures:
             client.cancel(list(panel_futures.values()))
             # Every tile has ended: each process closes the peers' panels it opened, then

@@ -1,0 +1,146 @@
+"""What a stepped tile sends a neighbour on another GPU of its host: device to device.
+
+The sender copies the array into one of two buffers of its own, in plain ``cudaMalloc``
+memory (CUDA IPC names whole allocations, which a pool's pieces are not), used in turn by
+step; what crosses Dask is a small :class:`PeerArray` naming the buffer. The receiving
+process opens the buffer once by its IPC handle and copies from it over NVLink (or PCIe
+peer to peer) into a buffer of its own, again one of two used in turn. Both copies run
+on the copy stream and are waited for before the step's task returns, so the Dask
+dependencies order everything: a sender overwrites a buffer at its step s + 2 only after
+the receivers' step s + 1 tasks, which copied from it, have returned.
+
+Where the GPUs cannot reach each other (another host, no peer access) the core fetches
+the array to the host instead (see :func:`mgpu.tiles.step_tile`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from .panels import enable_peer_access
+
+__all__ = ["PeerArray", "export", "free", "peers_reachable", "receive", "release"]
+
+
+@functools.cache
+def peers_reachable() -> bool:
+    """Whether this process's GPU (its device 0) can reach every other GPU it sees."""
+    import cupy
+
+    count = cupy.cuda.runtime.getDeviceCount()
+    return count > 1 and all(cupy.cuda.runtime.deviceCanAccessPeer(0, k) for k in range(1, count))
+
+
+@dataclass(frozen=True)
+class PeerArray:
+    """An array a stepped tile sent, in its process's IPC-able buffer ``handle``."""
+
+    token: str
+    host: str
+    pid: int
+    gpu_uuid: bytes
+    handle: bytes
+    shape: tuple[int, ...]
+    dtype: str
+    slot: tuple[int, int, int]  # (sender, receiver, parity): which of the receiver's buffers it goes to
+
+    @property
+    def nbytes(self) -> int:
+        import cupy
+
+        return int(cupy.dtype(self.dtype).itemsize * math.prod(self.shape))
+
+
+# Per process, per job token: buffers this process sends from and receives into, and the
+# senders' buffers it opened.
+_SENDING: dict[str, dict[tuple[int, int, int], tuple[Any, bytes]]] = {}
+_RECEIVING: dict[str, dict[tuple[int, int, int], Any]] = {}
+_OPENED: dict[str, dict[bytes, int]] = {}
+_LOCK = threading.Lock()
+
+
+@functools.cache
+def _uuid(ordinal: int) -> bytes:
+    import cupy
+
+    return bytes(cupy.cuda.runtime.getDeviceProperties(ordinal)["uuid"])
+
+
+def export(dev: Any, token: str, sender: int, receiver: int, step: int, data: Any, made: Any) -> PeerArray:
+    """Copy ``data`` (once the event ``made`` has passed) into the sender's buffer for this
+    step and return what names it; waits for the copy."""
+    import cupy
+
+    slot = (sender, receiver, step % 2)
+    with _LOCK:
+        mine = _SENDING.setdefault(token, {})
+        if slot not in mine:
+            memory = cupy.cuda.memory.Memory(max(1, data.nbytes))  # cudaMalloc: its own allocation
+            mine[slot] = (memory, bytes(cupy.cuda.runtime.ipcGetMemHandle(memory.ptr)))
+        memory, handle = mine[slot]
+    copy = dev.copy_stream
+    copy.wait_event(made)
+    cupy.cuda.runtime.memcpyAsync(
+        memory.ptr, data.data.ptr, data.nbytes, cupy.cuda.runtime.memcpyDeviceToDevice, copy.ptr
+    )
+    copy.synchronize()
+    return PeerArray(
+        token, socket.gethostname(), os.getpid(), _uuid(0), handle, tuple(data.shape), str(data.dtype), slot
+    )
+
+
+def receive(dev: Any, ref: PeerArray, after: Any) -> Any:
+    """``ref``'s array copied from the sender's GPU into a buffer on this one (after the
+    event ``after``, this tile's step before, which read that buffer last); waits for it."""
+    import cupy
+
+    if ref.host != socket.gethostname():
+        raise RuntimeError(f"a peer array from {ref.host} reached {socket.gethostname()}: peers share a host")
+    with _LOCK:
+        opened = _OPENED.setdefault(ref.token, {})
+        if ref.handle not in opened:
+            peer = next((k for k in range(1, cupy.cuda.runtime.getDeviceCount()) if _uuid(k) == ref.gpu_uuid), None)
+            if peer is None:
+                raise RuntimeError(f"tile {ref.slot[0]}'s GPU is not one this worker sees; its rows cannot come direct")
+            enable_peer_access(peer)
+            opened[ref.handle] = cupy.cuda.runtime.ipcOpenMemHandle(ref.handle)
+        source = opened[ref.handle]
+        mine = _RECEIVING.setdefault(ref.token, {})
+        if ref.slot not in mine:
+            mine[ref.slot] = cupy.empty(ref.shape, dtype=ref.dtype)
+        out = mine[ref.slot]
+    copy = dev.copy_stream
+    if after is not None:
+        copy.wait_event(after)
+    cupy.cuda.runtime.memcpyAsync(out.data.ptr, source, ref.nbytes, cupy.cuda.runtime.memcpyDeviceToDevice, copy.ptr)
+    copy.synchronize()
+    return out
+
+
+def release(token: str) -> int:
+    """Close the senders' buffers this process opened for one job, then free its own (a
+    task on each worker once every tile has ended; the closing first, on every worker,
+    as for panels: :func:`mgpu.panels.close_remotes`)."""
+    with _LOCK:
+        opened = _OPENED.pop(token, {})
+    if not opened:
+        return 0
+    import cupy
+
+    for ptr in opened.values():
+        cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+    return len(opened)
+
+
+def free(token: str) -> int:
+    """Free this process's send and receive buffers of one job (after every :func:`release`)."""
+    with _LOCK:
+        sending = _SENDING.pop(token, {})
+        _RECEIVING.pop(token, None)
+    return len(sending)
