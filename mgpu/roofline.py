@@ -193,13 +193,14 @@ def software() -> dict[str, str]:
 
 def groups_missing(rates: dict[str, float], groups: Sequence[str]) -> list[str]:
     """The groups none of whose ceilings ``rates`` holds (a workload may measure none of
-    its ceilings on a backend: it is asked again, at no cost)."""
+    its ceilings on a backend: it is asked again, at no cost); a workload that declares
+    none (it is bound by one of the device's) is never asked."""
     from .workloads import get_workload_class
 
     missing = []
     for group in groups:
         names = {"copy"} if group == _DEVICE else set(get_workload_class(group).ceiling_units)
-        if not names & set(rates):
+        if names and not names & set(rates):
             missing.append(group)
     return missing
 
