@@ -132,7 +132,10 @@ class TileTracker:
 
     def _workers(self) -> list[str]:
         try:
-            return sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+            # Asked of the scheduler each time: Client.scheduler_info returns a cache that its
+            # periodic refresh (totals only, "workers" empty) may have just replaced, and in
+            # a job of more than a few seconds every worker then looked lost.
+            return sorted(self.client.sync(self.client.scheduler.identity, n_workers=-1)["workers"])
         except Exception as e:
             raise JobFailed(f"lost the scheduler: {type(e).__name__}: {e}") from e
 
