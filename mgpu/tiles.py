@@ -99,7 +99,7 @@ def _counter(dev: Device, *, add: bool = False) -> Callable[[TileRecord], None]:
 
     def fill(record: TileRecord) -> None:
         now_events, now_spilled = dev.spill_counts()
-        counts = {
+        counts: dict[str, float] = {
             "bytes_h2d": dev.bytes_h2d - h2d,
             "bytes_d2h": dev.bytes_d2h - d2h,
             "spill_events": now_events - events,
@@ -245,12 +245,13 @@ def run_tile(
         )
     else:
         with _STEPPING_LOCK:
-            ctx = _STEPPING.pop((token, tile.index), None)  # type: ignore[assignment]
-        if ctx is None:
+            kept = _STEPPING.pop((token, tile.index), None)
+        if kept is None:
             raise RuntimeError(
                 f"tile {tile.index}'s state is not on this worker (its worker was lost mid-job?): "
                 "a stepped job cannot recompute one tile alone; run the job again"
             )
+        ctx = kept
         fill = _counter(dev, add=True)
     with dev.on_stream():
         if stepped is not None and stepped.ready is not None:

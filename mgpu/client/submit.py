@@ -87,14 +87,14 @@ def submit_steps(
     to device where both are GPUs of one host, through the host otherwise. All steps are submitted at once: a worker runs each as soon as
     what it waits for has run, earlier steps first.
     """
-    where = {t.index: t.worker for t in plan.tiles}
+    where = {t.index: t.worker or "" for t in plan.tiles}  # static: every tile names its worker
     last: dict[int, Any] = {}
     for step in range(plan.steps):
         now = {}
         for t in plan.tiles:
-            remote = frozenset(n for n in t.neighbours if where[n] != t.worker)
+            remote = frozenset(n for n in t.neighbours if where[n] != where[t.index])
             # Workers of one host: their GPUs may reach each other directly (mgpu.exchange).
-            peers = frozenset(n for n in remote if get_address_host(where[n]) == get_address_host(t.worker))
+            peers = frozenset(n for n in remote if get_address_host(where[n]) == get_address_host(where[t.index]))
             now[t.index] = client.submit(
                 step_tile,
                 workload,
