@@ -1,4 +1,4 @@
-"""``python -m mgpu submit|scale|report|info``: the command line."""
+"""``python -m mgpu submit|scale|report|info|bench``: the command line."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from . import __version__
 from .api import run_all
+from .bench.cli import bench
 from .client.estimate import Estimate
 from .client.watch import Events
 from .errors import JobFailed, JobInputError
@@ -544,45 +545,6 @@ def _print_summary(rows: list[dict[str, Any]], by: list[str], console: Console) 
     console.print(table)
 
 
-@cli.group(context_settings=_CONTEXT)
-def bench() -> None:
-    """Measure the pieces mgpu is built on (allocators)."""
-
-
-@bench.command("alloc", context_settings=_CONTEXT)
-@click.option("--device", default=0, show_default=True, type=click.IntRange(min=0), help="the GPU to measure")
-@click.option("--sizes", default="1MiB,64MiB,1GiB", show_default=True, help="buffer sizes, comma-separated")
-@click.option(
-    "--iterations",
-    default=50,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="allocate + use + free cycles per timed repeat",
-)
-@click.option(
-    "--repeats", default=5, show_default=True, type=click.IntRange(min=1), help="timed repeats; the median is reported"
-)
-@click.option("--json", "json_path", metavar="PATH", help="write the figures as JSON (- for stdout)")
-def bench_alloc(device: int, sizes: str, iterations: int, repeats: int, json_path: str | None) -> None:
-    """Time allocate + use + free: cudaMalloc, RMM pool, cudaMallocAsync, managed, spill fallback."""
-    from .memory.bench import parse_sizes, print_alloc_bench, run_alloc_bench
-
-    try:
-        size_list = parse_sizes(sizes)
-        if json_path and json_path != "-" and not Path(json_path).expanduser().parent.is_dir():
-            raise JobInputError(f"--json: the folder of {json_path!r} does not exist")
-        result = run_alloc_bench(device=device, sizes=size_list, iterations=iterations, repeats=repeats)
-    except JobInputError as e:
-        _fail(str(e), JobInputError.exit_code)
-    print_alloc_bench(result, Console(stderr=json_path == "-"))
-    if json_path:
-        text = json.dumps(result.to_json(), indent=2)
-        if json_path == "-":
-            click.echo(text)
-        else:
-            Path(json_path).expanduser().write_text(text + "\n")
-
-
 def _fail(message: str, code: int) -> None:
     click.echo(f"mgpu: error: {message}" if code == 2 else f"mgpu: {message}", err=True)
     sys.exit(code)
@@ -603,6 +565,9 @@ def _wait_for_interrupt() -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+cli.add_command(bench)
 
 
 def main() -> None:

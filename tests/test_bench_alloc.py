@@ -1,5 +1,5 @@
-"""``mgpu bench alloc`` without a GPU: the exit-2 messages, the size checks, and the
-bench's bookkeeping run against stand-ins for CuPy and RMM that check every buffer is
+"""``mgpu bench alloc`` without a GPU: the exit-2 messages, the size checks, the record
+without a GPU, and the bench's bookkeeping run against stand-ins for CuPy and RMM that check every buffer is
 allocated before it is used and freed by the resource that made it."""
 
 from __future__ import annotations
@@ -159,16 +159,17 @@ def test_fallback_path_really_falls_back_and_normal_path_does_not(fake_gpu):
         assert bench.row("pool", size).fallback_events is None
 
 
-def test_json_from_the_command_line(fake_gpu, tmp_path):
-    out = tmp_path / "alloc.json"
-    res = invoke("bench", "alloc", "--sizes", "1MiB,2MiB", "--iterations", "2", "--repeats", "1", "--json", out)
+def test_record_from_the_command_line(fake_gpu, tmp_path):
+    res = invoke("bench", "alloc", "--sizes", "1MiB,2MiB", "--iterations", "2", "--repeats", "1", "--out", tmp_path)
     assert res.code == 0, res.output
-    data = json.loads(out.read_text())
-    assert data["sizes"] == [1 << 20, 2 << 20] and data["device"]["name"] == "Fake GPU"
+    record = json.loads((tmp_path / "alloc.json").read_text())
+    assert record["suite"] == "alloc" and record["options"]["sizes"] == [1 << 20, 2 << 20]
+    data = record["alloc"]
+    assert data["status"] == "ok" and data["sizes"] == [1 << 20, 2 << 20] and data["device"]["name"] == "Fake GPU"
     assert {r["allocator"] for r in data["rows"]} == set(ALLOCATORS)
     assert all(r["us"] > 0 and r["samples_us"] for r in data["rows"])
-    assert "cudaMalloc" in res.stdout and "fallback-spill" in res.stdout
-    assert "spill fallback wrapper at 1.00 MiB" in res.stdout
+    assert "cudaMalloc" in res.stderr and "fallback-spill" in res.stderr
+    assert "spill fallback wrapper at 1.00 MiB" in res.stderr
 
 
 def test_a_size_near_the_free_memory_is_refused(fake_gpu):
@@ -176,8 +177,8 @@ def test_a_size_near_the_free_memory_is_refused(fake_gpu):
         bench_alloc.run_alloc_bench(device=0, sizes=[4 << 30])
 
 
-def test_a_device_that_does_not_exist(fake_gpu):
-    res = invoke("bench", "alloc", "--device", "3")
+def test_a_device_that_does_not_exist(fake_gpu, tmp_path):
+    res = invoke("bench", "alloc", "--device", "3", "--out", tmp_path)
     assert res.code == 2
     assert "--device: GPU 3 does not exist; this machine has 1 GPU(s), ids 0-0" in res.stderr
     assert "Traceback" not in res.output
@@ -192,35 +193,37 @@ def test_helpers():
     assert summarise([3.0, 1.0, 2.0, 10.0]) == (2.5, 1.0, 10.0)
 
 
-@pytest.mark.parametrize("sizes", ["abc", "0", "1MiB,-1", ",", "0.5"])
-def test_bad_sizes_name_the_option(sizes):
-    res = invoke("bench", "alloc", "--sizes", sizes)
+@pytest.mark.parametrize("sizes", ["abc", "0", "1MiB,-1", ",", "0.5", "huge"])
+def test_bad_sizes_name_the_option(sizes, tmp_path):
+    res = invoke("bench", "alloc", "--sizes", sizes, "--out", tmp_path)
     assert res.code == 2
-    assert "--sizes:" in res.stderr and "1MiB,64MiB,1GiB" in res.stderr
-    assert "Traceback" not in res.output
+    assert "--sizes:" in res.stderr and "1MiB,64MiB,1GiB" in res.stderr and "tiny" in res.stderr
+    assert "Traceback" not in res.output and not (tmp_path / "alloc.json").exists()
 
 
 # -- without a GPU -----------------------------------------------------------------------
 
 
-def test_without_a_gpu_it_says_so_and_exits_2(no_gpu):
-    res = invoke("bench", "alloc")
-    assert res.code == 2
-    assert "mgpu bench alloc needs a GPU: " in res.stderr
-    assert "Traceback" not in res.output and res.stdout == ""
+def test_without_a_gpu_the_record_says_why(tmp_path, no_gpu):
+    res = invoke("bench", "alloc", "--out", tmp_path)
+    assert res.code == 0, res.output
+    record = json.loads((tmp_path / "alloc.json").read_text())
+    assert record["alloc"]["status"].startswith("skipped: needs a GPU: ")
+    assert record["options"]["backend"] == "cpu" and record["options"]["sizes"] == [64 << 10, 1 << 20]
+    assert "alloc: skipped: needs a GPU" in res.stderr
 
 
-def test_without_a_gpu_the_real_command_exits_2(tmp_path, no_gpu):
+def test_without_a_gpu_cuda_asked_for_exits_2(tmp_path, no_gpu):
     proc = subprocess.run(
-        [sys.executable, "-m", "mgpu", "bench", "alloc", "--json", str(tmp_path / "a.json")],
+        [sys.executable, "-m", "mgpu", "bench", "alloc", "--backend", "cuda", "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert proc.returncode == 2
-    assert proc.stderr.startswith("mgpu: error: mgpu bench alloc needs a GPU: ")
-    assert "Traceback" not in proc.stderr and not (tmp_path / "a.json").exists()
+    assert proc.stderr.startswith("mgpu: error: --backend: cuda asked for; mgpu bench alloc needs a GPU: ")
+    assert "Traceback" not in proc.stderr and not (tmp_path / "alloc.json").exists()
 
 
 def test_bench_help_lists_alloc():
@@ -228,5 +231,5 @@ def test_bench_help_lists_alloc():
     assert res.code == 0 and "alloc" in res.stdout
     res = invoke("bench", "alloc", "-h")
     assert res.code == 0
-    for word in ("--device", "--sizes", "--iterations", "--repeats", "--json"):
+    for word in ("--device", "--sizes", "--iterations", "--repeats", "--out"):
         assert word in res.stdout

@@ -53,7 +53,7 @@ class TileRecord:
     verify_ok: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # Worker wall clock as the tile passed its steps ("checked", "written", ...), in order:
-    # where a tile's time goes between start and stop (benchmarks/timeline.py prints them).
+    # where a tile's time goes between start and stop.
     marks: dict[str, float] = field(default_factory=dict)
 
 

@@ -105,7 +105,7 @@ class Mandelbrot(Workload[MandelbrotParams]):
     example = {"width": 33, "height": 29, "max_iter": 40}
     # Bands on a device at once; their kernels run one after another (Device.in_order),
     # so ~100 ms of kernels are queued while a finished band is checked and the next one
-    # comes from the scheduler (2-27 ms apart, timeline.py). With each band's kernel on
+    # comes from the scheduler (2-27 ms apart on an H200). With each band's kernel on
     # its own stream, bands started together shared the GPU, ended together, and the GPU
     # then idled.
     concurrency = 8

@@ -1,6 +1,6 @@
 """A small ctypes binding to cuBLASXt, cuBLAS's multi-GPU GEMM on host-resident operands.
 
-    from cublasxt import xt_gemm
+    from mgpu.bench.cublasxt import xt_gemm
     c, seconds = xt_gemm(a, b, devices=(0, 1), block_dim=8192)   # c == a @ b
 
 cuBLASXt lives in libcublas itself; this module opens the copy CuPy loaded (so both

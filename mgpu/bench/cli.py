@@ -1,0 +1,183 @@
+"""``mgpu bench SUITE [options]``: one command per suite, the same options for each."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import JobInputError
+from . import alloc, outofcore, peers, scale, suite
+from .harness import BenchInputError, Options, check_out, parse_devices, say, write_record
+
+__all__ = ["bench"]
+
+_CONTEXT = {"help_option_names": ["-h", "--help"]}
+_PRESETS = click.Choice(["auto", "tiny", "small", "full"])
+
+
+@click.group(context_settings=_CONTEXT)
+def bench() -> None:
+    """Benchmark suites; each writes OUT/SUITE.json (see docs/performance.md)."""
+
+
+def _devices(ctx: click.Context, param: click.Parameter, value: str) -> list[int] | None:
+    try:
+        return parse_devices(value)
+    except BenchInputError as e:
+        raise click.BadParameter(str(e).split(": ", 1)[1]) from None
+
+
+def _shared(fn: Callable[..., Any], *, devices: bool = True, sizes: click.ParamType = _PRESETS) -> Callable[..., Any]:
+    """The options every suite takes (``--devices`` and ``--protocol`` where they apply)."""
+    options = [
+        click.option(
+            "--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="folder for SUITE.json"
+        ),
+        click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "cuda", "cpu"])),
+        click.option(
+            "--sizes",
+            default="auto",
+            show_default=True,
+            type=sizes,
+            help="size preset (auto: full on GPUs, tiny on CPU)",
+        ),
+        click.option("--repeats", default=1, show_default=True, type=click.IntRange(min=1), help="runs of each job"),
+        click.option("--force", is_flag=True, help="replace a record already in --out"),
+    ]
+    if devices:
+        options += [
+            click.option(
+                "--devices", default="all", show_default=True, callback=_devices, help="device counts: all, 2, or 1,2,4"
+            ),
+            click.option("--protocol", default="auto", show_default=True, type=click.Choice(["auto", "tcp", "ucx"])),
+            click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a key of every mgpu job"),
+        ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _command(name: str, params: dict[str, Any]) -> list[str]:
+    """The command that reruns this suite with every option written out."""
+    cmd = ["mgpu", "bench", name]
+    for key, value in params.items():
+        flag = "--" + key.replace("_", "-")
+        if key == "devices":
+            cmd += [flag, "all" if value is None else ",".join(map(str, value))]
+        elif key == "sets":
+            for s in value:
+                cmd += ["--set", s]
+        elif isinstance(value, bool):
+            cmd += [flag] if value else []
+        elif value is not None:
+            cmd += [flag, str(value)]
+    return cmd
+
+
+def _run(name: str, module: ModuleType, params: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
+    shared = {
+        k: params.pop(k)
+        for k in ("out", "backend", "sizes", "repeats", "force", "devices", "protocol", "sets")
+        if k in params
+    }
+    opts = Options(
+        suite=name,
+        out=shared["out"],
+        backend=shared["backend"],
+        devices=shared.get("devices"),
+        sizes=shared["sizes"],
+        repeats=shared["repeats"],
+        protocol=shared.get("protocol", "auto"),
+        sets=list(shared.get("sets", ())),
+        force=shared["force"],
+        extra=extra or {},
+        command=_command(name, {**shared, **(extra or {})}),
+    )
+    started = time.perf_counter()
+    try:
+        check_out(opts)
+        resolved, body = module.run(opts)
+    except (BenchInputError, JobInputError) as e:
+        click.echo(f"mgpu: error: {e}", err=True)
+        sys.exit(2)
+    path = write_record(opts, started, resolved, body)
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        console.width = 120  # a log keeps whole names, not a terminal's wrapping
+    _print_summary(body, console)
+    say(f"wrote {path} ({shlex.join(opts.command)})")
+
+
+def _print_summary(body: dict[str, Any], console: Console) -> None:
+    rows = body.get("summary") or []
+    if rows:
+        table = Table("job", "devices", "throughput", "share of roofline", "efficiency", "runs ok")
+        for r in rows:
+            thr = f"{r['throughput']:.4g} {r['unit']}" if r["throughput"] is not None else "failed"
+            share = f"{r['roofline_fraction']:.1%}" if r.get("roofline_fraction") else "n/a"
+            eff = f"{r['efficiency']:.0%}" if r.get("efficiency") else ""
+            table.add_row(r["name"], str(r["devices"]), thr, share, eff, f"{r['ok']}/{r['runs']}")
+        console.print(table)
+    for row in body.get("comparison") or []:
+        console.print(
+            f"{row['job']} on {row['devices']}: mgpu {row['mgpu_over_alternative']:.3g}x {row['alternative']} "
+            f"({row['value']:.4g} {row['unit']} on {row['alternative_devices']})"
+        )
+    for name, alt in (body.get("alternatives") or {}).items():
+        statuses = {alt["status"]} if "status" in alt else {a.get("status") for a in alt.values()}
+        for status in sorted(s for s in statuses if s and s != "ok"):
+            console.print(f"{name}: {status}")
+    if "alloc" in body and body["alloc"].get("status", "").startswith("skipped"):
+        console.print(f"alloc: {body['alloc']['status']}")
+
+
+@bench.command("suite", context_settings=_CONTEXT)
+@_shared
+@click.option("--cached-ceilings", is_flag=True, help="use the cached device ceilings instead of measuring them anew")
+def suite_command(cached_ceilings: bool, **params: Any) -> None:
+    """mgpu's device-resident jobs (matmul, dot, Mandelbrot) against their roofline."""
+    _run("suite", suite, params, {"cached_ceilings": cached_ceilings})
+
+
+@bench.command("outofcore", context_settings=_CONTEXT)
+@_shared
+@click.option(
+    "--scratch",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="folder for the input files (default /dev/shm)",
+)
+def outofcore_command(scratch: Path | None, **params: Any) -> None:
+    """Matmul and dot from .npy files larger than the devices' budget, beside cuBLASXt."""
+    _run("outofcore", outofcore, params, {"scratch": str(scratch) if scratch else None})
+
+
+@bench.command("scale", context_settings=_CONTEXT)
+@_shared
+def scale_command(**params: Any) -> None:
+    """Each job on 1, 2, 4, ... devices: throughput and efficiency."""
+    _run("scale", scale, params)
+
+
+@bench.command("alloc", context_settings=_CONTEXT)
+@lambda fn: _shared(fn, devices=False, sizes=click.STRING)
+@click.option("--device", default=0, show_default=True, type=click.IntRange(min=0), help="the GPU to measure")
+@click.option("--iterations", default=50, show_default=True, type=click.IntRange(min=1), help="cycles per timed repeat")
+def alloc_command(device: int, iterations: int, **params: Any) -> None:
+    """Allocate + use + free on one GPU: cudaMalloc, RMM pool, cudaMallocAsync, managed, spill fallback."""
+    _run("alloc", alloc, params, {"device": device, "iterations": iterations})
+
+
+@bench.command("peers", context_settings=_CONTEXT)
+@_shared
+def peers_command(**params: Any) -> None:
+    """mgpu beside dask.array (+ dask-cuda), CuPy on one GPU and cuBLASXt, in one run."""
+    _run("peers", peers, params)

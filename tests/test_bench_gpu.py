@@ -1,0 +1,55 @@
+"""``mgpu bench`` on one GPU at tiny sizes: every suite's GPU path, the alternatives that
+need CUDA (CuPy, cuBLASXt, dask.array on dask-cuda's cluster) included."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import invoke
+
+pytestmark = pytest.mark.gpu
+cupy = pytest.importorskip("cupy")
+
+
+def _record(out: Path, suite: str, *args: str) -> dict[str, Any]:
+    res = invoke("bench", suite, "--backend", "cuda", "--sizes", "tiny", "--out", out, *args)
+    assert res.code == 0, res.output
+    record = json.loads((out / f"{suite}.json").read_text())
+    assert record["options"]["backend"] == "cuda" and record["machine"]["gpus"]
+    for entry in record["runs"]:
+        assert entry["result"]["status"] == "ok" and entry["result"]["backend"] == "cuda", entry
+    return record
+
+
+def test_suite_on_one_gpu(tmp_path):
+    record = _record(tmp_path, "suite", "--devices", "1")
+    names = {e["name"] for e in record["runs"]}
+    assert {"matmul-tf32", "matmul-float32-distributed", "dot-float32", "mandelbrot-float64"} <= names
+    assert all(r["roofline_fraction"] for r in record["summary"])
+
+
+def test_peers_on_one_gpu(tmp_path):
+    record = _record(tmp_path, "peers", "--devices", "1", "--protocol", "tcp")
+    alts = record["alternatives"]
+    assert alts["cupy-1gpu"]["status"] == "ok", alts["cupy-1gpu"]
+    assert {f["name"] for f in alts["cupy-1gpu"]["figures"]} == {"matmul", "matmul-tf32", "matmul-float64", "dot"}
+    assert alts["cublasxt"]["1"]["status"] == "ok", alts["cublasxt"]
+    assert alts["dask-array-tcp"]["1"]["status"] == "ok", alts["dask-array-tcp"]
+    assert {r["alternative"] for r in record["comparison"]} == {"dask-array-tcp", "cupy-1gpu", "cublasxt"}
+
+
+def test_outofcore_on_one_gpu(tmp_path):
+    record = _record(tmp_path / "out", "outofcore", "--devices", "1", "--scratch", str(tmp_path))
+    matmul = record["runs"][0]
+    assert matmul["name"] == "outofcore-matmul-per-tile"
+    assert matmul["result"]["pcie"]["bytes"] > 0
+    assert record["alternatives"]["cublasxt"]["1"]["status"] == "ok"
+    assert matmul["vs"]["speedup"] > 0
+
+
+def test_alloc_on_a_gpu(tmp_path):
+    record = _record(tmp_path, "alloc", "--iterations", "2")
+    assert record["alloc"]["status"] == "ok" and record["alloc"]["sizes"] == [64 << 10, 1 << 20]
