@@ -256,3 +256,17 @@ def test_the_recorded_command_writes_every_option_out():
         "b=2",
     ]
     assert _command("scale", {"devices": None, "force": True})[3:] == ["--devices", "all", "--force"]
+
+
+def test_outofcore_refuses_a_scratch_folder_too_small(tmp_path, monkeypatch):
+    from collections import namedtuple
+
+    from mgpu.bench import outofcore
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(outofcore.shutil, "disk_usage", lambda path: usage(10**6, 0, 10**6))
+    res = invoke(
+        "bench", "outofcore", "--backend", "cpu", "--devices", "2", "--scratch", tmp_path, "--out", tmp_path / "out"
+    )
+    assert res.code == 2 and "--scratch: the inputs and C take 0.0286 GB" in res.stderr, res.output
+    assert list(tmp_path.iterdir()) == []  # no input written, no record

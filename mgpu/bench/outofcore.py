@@ -23,12 +23,12 @@ from typing import Any
 import dask.config
 import numpy as np
 
-from .harness import Options, job_seconds, resolve, run_child, run_jobs, say, skipped, summarize
+from .harness import BenchInputError, Options, job_seconds, resolve, run_child, run_jobs, say, skipped, summarize
 
-SIZES = {  # matmul side, dot length, the per-device budget both run under
-    "tiny": {"n": 1024, "dot": 2_000_000, "budget": "24MiB"},  # the file paths only: not beyond the budget
-    "small": {"n": 16384, "dot": 2_000_000_000, "budget": "2GiB"},
-    "full": {"n": 49152, "dot": 4_400_000_000, "budget": "16GiB"},
+SIZES = {  # matmul side, dot length per device, the per-device budget both run under
+    "tiny": {"n": 1024, "dot": 1_000_000, "budget": "24MiB"},  # the file paths only: not beyond the budget
+    "small": {"n": 16384, "dot": 500_000_000, "budget": "2GiB"},
+    "full": {"n": 49152, "dot": 2_200_000_000, "budget": "16GiB"},  # x and y: 17.6 GB a device
 }
 _ROWS_AT_ONCE = 64 << 20  # bytes of a file made and written at a time
 
@@ -111,10 +111,19 @@ def run(opts: Options) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run the suite; returns (what was resolved, the record's body)."""
     backend, sizes, counts = resolve(opts)
     s = SIZES[sizes]
-    folder = Path(tempfile.mkdtemp(prefix="mgpu-outofcore-", dir=scratch_folder(opts)))
+    n, length = s["n"], s["dot"] * max(counts)
+    scratch = scratch_folder(opts)
+    need = 4 * (3 * n * n + 2 * length)  # A, B, C, x and y
+    free = shutil.disk_usage(scratch).free
+    if need > 0.9 * free:
+        raise BenchInputError(
+            f"--scratch: the inputs and C take {need / 1e9:.3g} GB, and {scratch} has {free / 1e9:.3g} GB free;"
+            " choose a larger folder or smaller --sizes"
+        )
+    folder = Path(tempfile.mkdtemp(prefix="mgpu-outofcore-", dir=scratch))
     try:
-        say(f"writing A, B ({s['n']}² float32) and x, y ({s['dot']:.3g}) into {folder}")
-        p = write_inputs(folder, s["n"], s["dot"])
+        say(f"writing A, B ({n}² float32) and x, y ({length:.3g}) into {folder}")
+        p = write_inputs(folder, n, length)
         read_once(list(p.values()))
         budget = [f"cluster.memory_limit={s['budget']}"]
         opts.sets[:0] = budget  # the user's --set comes after, and may change the budget
