@@ -68,7 +68,7 @@ class TileContext:
             t.seconds  # noqa: B018 (reading the seconds waits for the stop event)
 
     def mark(self, name: str) -> None:
-        """Note the worker's wall clock as the tile passes a step (benchmarks/timeline.py)."""
+        """Note the worker's wall clock as the tile passes a step."""
         self.record.marks[name] = time.time()
 
     @property
