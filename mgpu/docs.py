@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import types
 import typing
+from enum import Enum
 from typing import Any, Literal
 
 from annotated_types import Ge, Gt
@@ -75,6 +76,8 @@ def _type(annotation: Any) -> list[str]:
         return [
             f"a mapping of {_type(key)[0].removeprefix('a ')} to {_type(value)[0].removeprefix('a ').removeprefix('an ')}"
         ]
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return [f"`{member.value}`" for member in annotation]
     if annotation is type(None):
         return ["`null`"]
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
