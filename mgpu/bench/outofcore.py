@@ -90,10 +90,10 @@ def jobs(p: dict[str, Path], folder: Path, devices: int) -> list[tuple[str, dict
     """The matmul (C into FOLDER/c.npy) and the dot from the input files.
 
     On two devices or more, A and B are read once, in one panel per device (``operands:
-    distributed``); one device cannot hold both panels under the budget, so its tiles read
-    their own blocks (``per-tile``).
+    distributed``); one device cannot hold both panels under the budget, so it keeps its
+    rows of C and streams A and B through them (``streamed``).
     """
-    operands = "distributed" if devices > 1 else "per-tile"
+    operands = "distributed" if devices > 1 else "streamed"
     matmul = {
         "workload": "matmul",
         "params": {
