@@ -18,7 +18,6 @@ from typing import Any, Literal
 from annotated_types import Ge, Gt
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 from .spec import ClusterSpec, Job, ScaleSpec
 from .workloads import get_workload_class, workload_names
@@ -99,7 +98,7 @@ def _bounds(field: FieldInfo) -> str:
 def _default(field: FieldInfo) -> str:
     if field.is_required():
         return "required"
-    value = field.default if field.default is not PydanticUndefined else field.default_factory()
+    value = field.get_default(call_default_factory=True)
     if isinstance(value, BaseModel):
         return "(section)"
     if value is None:

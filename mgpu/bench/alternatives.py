@@ -14,6 +14,7 @@ ends the process group.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import sys
@@ -126,7 +127,7 @@ def cupy_one_gpu(args: dict[str, Any]) -> dict[str, Any]:
         if tf32:
             linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
         try:
-            samples = _event_median(cupy, lambda a=a, b=b, c=c: cupy.matmul(a, b, out=c), repeats)
+            samples = _event_median(cupy, functools.partial(cupy.matmul, a, b, out=c), repeats)
         finally:
             linalg.set_compute_type(np.float32, previous)
         figures.append(_figure(name, "TFLOP/s", 2.0 * n**3 / 1e12, samples, shape=[n, n, n]))

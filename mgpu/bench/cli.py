@@ -84,7 +84,7 @@ def _command(name: str, params: dict[str, Any]) -> list[str]:
 
 
 def _run(name: str, module: ModuleType, params: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
-    shared = {
+    shared: dict[str, Any] = {
         k: params.pop(k)
         for k in ("out", "backend", "sizes", "repeats", "force", "devices", "protocol", "sets")
         if k in params

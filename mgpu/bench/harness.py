@@ -211,14 +211,15 @@ def run_jobs(opts: Options, jobs: list[tuple[str, dict[str, Any]]], backend: str
     """
     planned = load_all(opts, jobs, backend, counts)
     docs = dict(jobs)
-    runs = []
+    runs: list[dict[str, Any]] = []
     for n, loaded in planned.items():
-        entries, batch = [], []
+        entries: list[dict[str, Any]] = []
+        batch: list[mgpu.Job] = []
         for name, job in loaded:
             for repeat in range(opts.repeats):
                 # The job as written and its overrides: `mgpu submit FILE --set ...` reruns it
                 # (the result's `job` is the same job with every default filled in).
-                entry = {"name": name, "devices": n, "repeat": repeat, "job": docs[name]}
+                entry: dict[str, Any] = {"name": name, "devices": n, "repeat": repeat, "job": docs[name]}
                 entries.append({**entry, "overrides": overrides(opts, backend, n)})
                 batch.append(job)
         say(f"{len(batch)} job(s) on {n} device(s), one cluster")

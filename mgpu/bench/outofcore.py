@@ -25,7 +25,7 @@ import numpy as np
 
 from .harness import BenchInputError, Options, job_seconds, resolve, run_child, run_jobs, say, skipped, summarize
 
-SIZES = {  # matmul side, dot length per device, the per-device budget both run under
+SIZES: dict[str, dict[str, Any]] = {  # matmul side, dot length per device, the per-device budget both run under
     "tiny": {"n": 1024, "dot": 1_000_000, "budget": "24MiB"},  # the file paths only: not beyond the budget
     "small": {"n": 16384, "dot": 500_000_000, "budget": "2GiB"},
     "full": {"n": 49152, "dot": 2_200_000_000, "budget": "16GiB"},  # x and y: 17.6 GB a device

@@ -30,8 +30,10 @@ def efficiency(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             base.setdefault(row["name"], row)
     for row in rows:
         b = base.get(row["name"])
-        ok = b is not None and row["throughput"] is not None
-        row["efficiency"] = row["throughput"] / (row["devices"] / b["devices"] * b["throughput"]) if ok else None
+        if b is None or row["throughput"] is None:
+            row["efficiency"] = None
+        else:
+            row["efficiency"] = row["throughput"] / (row["devices"] / b["devices"] * b["throughput"])
     return rows
 
 
