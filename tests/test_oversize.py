@@ -1,9 +1,9 @@
 """Jobs larger than the machine: refused up front, in bounded memory, with nothing started.
 
-Each case runs ``python -m mgpu submit`` as a user would, in its own session and under an
+Each case runs ``python -m mgpu submit`` as a user would, in its own process group and under an
 address-space limit (as ``prlimit --as`` would set), and checks the exit code, the one
 message naming the key, that no traceback was printed, that nothing was written, that no
-process of the session outlived it, and that it peaked well under 1 GiB.
+process of its group outlived it, and that it peaked well under 1 GiB.
 """
 
 from __future__ import annotations
@@ -44,14 +44,14 @@ class Run:
     stderr: str
     max_rss: int  # bytes, of mgpu and every process it waited for
     seconds: float
-    leftovers: list[str]  # processes of mgpu's session still alive after it exited
+    leftovers: list[str]  # processes of mgpu's group still alive after it exited
 
 
-def _session_processes(sid: int) -> list[psutil.Process]:
+def _group_processes(pgid: int) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter():
         try:
-            if os.getsid(proc.pid) == sid:
+            if os.getpgid(proc.pid) == pgid:
                 found.append(proc)
         except (ProcessLookupError, PermissionError, psutil.Error):
             pass
@@ -73,7 +73,7 @@ _PROBE = (
 def start_mgpu(
     *args: Any, limits: dict[int, int] | None = None, env: dict[str, str] | None = None, prelude: str = ""
 ) -> subprocess.Popen:
-    """``mgpu ARGS`` in a session of its own, under ``limits`` (rlimit -> bytes).
+    """``mgpu ARGS`` in a process group of its own, under ``limits`` (rlimit -> bytes).
 
     The address space is limited to 8 GB unless ``limits`` says otherwise, so a job that
     tries to hold what it cannot fails here instead of taking the machine down.
@@ -81,6 +81,7 @@ def start_mgpu(
     limits = {resource.RLIMIT_AS: ADDRESS_SPACE, **(limits or {})}
 
     def preexec() -> None:
+        os.setpgid(0, 0)  # the leader of a new group, as a shell starts a job
         for which, value in limits.items():
             resource.setrlimit(which, (value, value))
 
@@ -92,24 +93,23 @@ def start_mgpu(
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=preexec,
-        start_new_session=True,
     )
 
 
 def finish_mgpu(proc: subprocess.Popen, start: float, timeout: float = 300, stdout: str = "") -> Run:
-    """Wait for mgpu; then find what it left running in its session, and kill that."""
+    """Wait for mgpu; then find what it left running in its process group, and kill that."""
     try:
         out, stderr = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             proc.kill()
     seconds = time.perf_counter() - start
-    # What mgpu started and left behind is reparented but keeps the session.
+    # What mgpu started and left behind is reparented but keeps the process group.
     deadline = time.monotonic() + 10
-    leftovers = _session_processes(proc.pid)
+    leftovers = _group_processes(proc.pid)
     while leftovers and time.monotonic() < deadline:  # a worker being closed may still be exiting
         psutil.wait_procs(leftovers, timeout=0.5)
-        leftovers = _session_processes(proc.pid)
+        leftovers = _group_processes(proc.pid)
     names = []
     for p in leftovers:  # never leave them to the next test
         with contextlib.suppress(psutil.Error):
