@@ -1,7 +1,7 @@
 """``mgpu bench SUITE``: mgpu's benchmark harness.
 
 Every suite runs mgpu's jobs through the public API (:func:`mgpu.load_job`,
-:func:`mgpu.run_job`), runs the alternatives it sets them against in the same run (each in
+:func:`mgpu.run`), runs the alternatives it sets them against in the same run (each in
 a child process with a timeout), and writes one JSON record of one schema into its output
 folder: the command that ran, the machine, the options, each run's :class:`mgpu.Result`
 and a summary. The suites:

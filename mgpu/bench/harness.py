@@ -205,9 +205,8 @@ def run_jobs(opts: Options, jobs: list[tuple[str, dict[str, Any]]], backend: str
     """Run every job ``opts.repeats`` times on each device count; one entry per run.
 
     Every job is loaded (validated) before the first runs, so a wrong ``--set`` stops
-    the suite before anything starts. The jobs of one device count run on one cluster
-    (:func:`mgpu.run_jobs`); if one fails, the runs it did not reach say so and the next
-    device count goes on.
+    the suite before anything starts. Each job runs on a cluster of its own
+    (:func:`mgpu.run`); one that fails is recorded and the suite goes on.
     """
     planned = load_all(opts, jobs, backend, counts)
     docs = dict(jobs)
@@ -222,19 +221,14 @@ def run_jobs(opts: Options, jobs: list[tuple[str, dict[str, Any]]], backend: str
                 entry: dict[str, Any] = {"name": name, "devices": n, "repeat": repeat, "job": docs[name]}
                 entries.append({**entry, "overrides": overrides(opts, backend, n)})
                 batch.append(job)
-        say(f"{len(batch)} job(s) on {n} device(s), one cluster")
-        try:
-            results, error = mgpu.run_jobs(batch), None
-        except mgpu.JobFailed as e:
-            results, error = [], str(e)
-        for i, entry in enumerate(entries):
-            if i < len(results):
-                entry["result"] = results[i].model_dump(mode="json")
+        say(f"{len(batch)} job(s) on {n} device(s)")
+        for entry, job in zip(entries, batch, strict=True):
+            try:
+                entry["result"] = mgpu.run(job).model_dump(mode="json")
                 say(f"{entry['name']} on {n} device(s), run {entry['repeat'] + 1}: {_describe(entry['result'])}")
-            else:
-                entry["result"] = None
-                entry["error"] = error or "not run: an earlier job of this device count failed its check"
-                say(f"{entry['name']} on {n} device(s): {entry['error']}")
+            except mgpu.JobFailed as e:
+                entry["result"], entry["error"] = None, str(e)
+                say(f"{entry['name']} on {n} device(s): {e}")
         runs += entries
     return runs
 
