@@ -137,6 +137,25 @@ def _splitmix_values(g: np.ndarray, key: int, bits: int, scale: float) -> np.nda
 # 64-bit index math past 2^31 elements, and a 2e9-element operand was written at 843 GB/s.
 _RANDOM_LAUNCH = 1 << 30
 
+# Shared by the random and dot modules: the block-wide float64 sum their reductions end with.
+_BLOCK_SUM_SOURCE = r"""
+// Sum a value over the block; the total is valid in thread 0. Ends with a barrier so a
+// block may call it again (the shared scratch is reused).
+__device__ __forceinline__ double block_sum(double acc) {
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+    __shared__ double warp_sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) warp_sums[warp] = acc;
+    __syncthreads();
+    if (warp == 0) {
+        acc = lane < (blockDim.x >> 5) ? warp_sums[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+    }
+    __syncthreads();
+    return acc;
+}
+"""
+
 _RANDOM_SOURCE = r"""
 #include <cuda_fp16.h>
 typedef unsigned long long u64;
@@ -197,21 +216,6 @@ __global__ void random_rows(T* __restrict__ out, u64 ld, u64 key, u64 g_first, u
     }
 }
 
-// Sum a value over the block; the total is valid in thread 0. Ends with a barrier so a
-// block may call it again (the shared scratch is reused).
-__device__ __forceinline__ double block_sum(double acc) {
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
-    __shared__ double warp_sums[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) warp_sums[warp] = acc;
-    __syncthreads();
-    if (warp == 0) {
-        acc = lane < (blockDim.x >> 5) ? warp_sums[lane] : 0.0;
-        for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
-    }
-    __syncthreads();
-    return acc;
-}
 
 // Elements g_first .. g_first + n of two random vectors (keys kx, ky) into x and y, and,
 // from the values as they are made (not read back), sum(x*y) and sum|x*y| in float64:
@@ -261,7 +265,7 @@ def _cupy_random_module() -> Any:
 
     names = [f"{k}<{c}, {v}>" for c, v in _RANDOM_C_TYPES.values() for k in ("random_rows", "random_pair_sums")]
     names += [f"{k}<{c}, 1>" for c, _ in _RANDOM_C_TYPES.values() for k in ("random_rows", "random_pair_sums")]
-    return cupy.RawModule(code=_RANDOM_SOURCE, options=("-std=c++17",), name_expressions=names)
+    return cupy.RawModule(code=_BLOCK_SUM_SOURCE + _RANDOM_SOURCE, options=("-std=c++17",), name_expressions=names)
 
 
 def _cupy_random_fill(out: Any, key: int, g_first: int, total_cols: int) -> None:
@@ -378,21 +382,6 @@ template<> __device__ __forceinline__ double dot_vec<double, double2, 2>(const d
     return a.x * b.x + a.y * b.y;
 }
 
-// Sum a value over the block; the total is valid in thread 0. Ends with a barrier so a
-// block may call it again (the shared scratch is reused).
-__device__ __forceinline__ double block_sum(double acc) {
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
-    __shared__ double warp_sums[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) warp_sums[warp] = acc;
-    __syncthreads();
-    if (warp == 0) {
-        acc = lane < (blockDim.x >> 5) ? warp_sums[lane] : 0.0;
-        for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
-    }
-    __syncthreads();
-    return acc;
-}
 
 __device__ __forceinline__ void store_block_sum(double acc, double* partial) {
     acc = block_sum(acc);
@@ -481,7 +470,7 @@ def _cupy_dot_module() -> Any:
     import cupy
 
     return cupy.RawModule(
-        code="#include <cuda_fp16.h>\n" + _DOT_SOURCE,
+        code="#include <cuda_fp16.h>\n" + _BLOCK_SUM_SOURCE + _DOT_SOURCE,
         options=("-std=c++17",),
         name_expressions=[*_DOT_VECTOR.values(), *_DOT_SCALAR.values(), *_DOT_CHECK.values(), *_MATVEC.values()],
     )
