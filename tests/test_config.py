@@ -175,7 +175,11 @@ def test_a_bad_setting_stops_the_submit_before_anything_starts(tmp_path, no_clus
 
 def test_a_bad_setting_in_the_environment_exits_2_from_the_real_command(tmp_path):
     job = write_job(tmp_path / "job.yaml", {"workload": "dot", "params": {"n": 100}})
-    env = {**os.environ, "DASK_MGPU__TRANSFER__CHUNK_BYTES": "lots", "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "DASK_MGPU__TRANSFER__CHUNK_BYTES": "lots",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+    }
     proc = subprocess.run(
         [sys.executable, "-m", "mgpu", "submit", str(job)],
         cwd=ROOT,

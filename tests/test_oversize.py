@@ -70,6 +70,11 @@ _PROBE = (
 )
 
 
+def _pythonpath() -> str:
+    """The checkout first, then whatever this process was given (a GPU machine's packages)."""
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def start_mgpu(
     *args: Any, limits: dict[int, int] | None = None, env: dict[str, str] | None = None, prelude: str = ""
 ) -> subprocess.Popen:
@@ -88,7 +93,7 @@ def start_mgpu(
     return subprocess.Popen(
         [sys.executable, "-c", _PROBE, prelude, *map(str, args)],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        env={**os.environ, "PYTHONPATH": _pythonpath(), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -67,7 +67,7 @@ def _job(tmp_path, devices, **params):
 def test_one_gpu_several_bands_give_numpys_sweep(tmp_path):
     result, out = _job(tmp_path, [0], bands_per_device=3)
     assert result.status == "ok" and result.verify.passed and result.backend == "cuda"
-    assert result.roofline is not None and result.roofline.basis.endswith("copy measured on one device alone")
+    assert result.roofline is not None and "copy measured on one device alone" in result.roofline.basis
     np.testing.assert_array_equal(np.load(out), sweep(_grid(1531, 1203, seed=2), 40))
 
 
