@@ -22,12 +22,24 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .errors import JobInputError
 
-__all__ = ["READ_METHODS", "Io", "ReadMethod", "Recovery", "Settings", "Transfer", "load"]
+__all__ = [
+    "READ_METHODS",
+    "WRITE_METHODS",
+    "Io",
+    "ReadMethod",
+    "Recovery",
+    "Settings",
+    "Transfer",
+    "WriteMethod",
+    "load",
+]
 
 DEFAULTS_PATH = Path(__file__).with_name("mgpu.yaml")
 SCHEMA_PATH = Path(__file__).with_name("mgpu-schema.yaml")
 ReadMethod = Literal["auto", "kvikio", "mmap"]
 READ_METHODS: tuple[str, ...] = get_args(ReadMethod)
+WriteMethod = Literal["mmap", "kvikio"]
+WRITE_METHODS: tuple[str, ...] = get_args(WriteMethod)
 
 dask.config.update_defaults(yaml.safe_load(DEFAULTS_PATH.read_text()))
 
@@ -51,9 +63,10 @@ def _positive_bytes(value: Any, example: str) -> int:
 
 
 class Io(_Section):
-    """``mgpu.io``: how GPU workers read ``.npy`` inputs (KvikIO, see :mod:`mgpu.io`)."""
+    """``mgpu.io``: how GPU workers read ``.npy`` inputs and write outputs (KvikIO, see :mod:`mgpu.io`)."""
 
     read: ReadMethod = "auto"
+    write: WriteMethod = "mmap"
     threads: int = 16
     task_size: int = 8 << 20
 
@@ -62,6 +75,13 @@ class Io(_Section):
     def _read(cls, value: Any) -> Any:
         if value not in READ_METHODS:
             raise ValueError(f"{value!r} is not one of {', '.join(READ_METHODS)}")
+        return value
+
+    @field_validator("write", mode="before")
+    @classmethod
+    def _write(cls, value: Any) -> Any:
+        if value not in WRITE_METHODS:
+            raise ValueError(f"{value!r} is not one of {', '.join(WRITE_METHODS)}")
         return value
 
     @field_validator("threads", mode="before")

@@ -164,7 +164,7 @@ class Device:
         pending.append((kind, begin, end))
 
     def count_read(self, kind: str, nbytes: int, seconds: float) -> None:
-        """Count a copy timed on the host (a KvikIO read, done when it returns)."""
+        """Count a copy timed on the host (a KvikIO read or write, done when it returns)."""
         self._count(kind, nbytes)
         pending = getattr(self._local, "copies", None)
         if pending is None:

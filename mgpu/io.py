@@ -1,4 +1,5 @@
-"""File -> GPU through KvikIO: byte ranges of ``.npy`` files read straight into device memory.
+"""File <-> GPU through KvikIO: byte ranges of ``.npy`` files read straight into device
+memory, and rows of an output written straight from it.
 
 KvikIO splits a read into tasks (``mgpu.io.task-size``) run by its thread pool
 (``mgpu.io.threads``); each task goes through GPUDirect Storage where the driver has it
@@ -12,22 +13,25 @@ KvikIO reads contiguous byte ranges only. A column block of a C-ordered file is 
 range per row, and read row by row KvikIO moved 1.9 GB/s: such blocks are copied from a
 memory map by :mod:`mgpu.transfer` instead (36 GB/s). The pool is one per process and
 the CPU backend never imports KvikIO.
+
+Outputs are written through the pinned stager into a memory map of the file by default;
+``mgpu.io.write: kvikio`` writes whole rows with KvikIO instead. Its one pool per process
+also reads the inputs, and a write's tasks queue ahead of the reads the products wait for:
+on an H200, 32768³ from files with a 6 GiB budget took 2.35-3.01 s with KvikIO's writes
+and 2.02-2.50 s through the map, in the same runs.
 """
 
 from __future__ import annotations
 
+import errno
 import os
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from . import config
 
-__all__ = ["read", "read_in_order", "read_method", "task_size", "threads", "warm_up"]
-
-_LOCK = threading.Lock()
-_APPLIED: tuple[int, int] | None = None  # (threads, task size) KvikIO was last set to
+__all__ = ["read", "read_in_order", "read_method", "task_size", "threads", "warm_up", "write", "write_method"]
 
 
 def threads() -> int:
@@ -55,18 +59,23 @@ def read_method(contiguous: bool = True) -> str:
     return method
 
 
+def write_method() -> str:
+    """How a GPU worker writes whole rows of an output ``.npy`` (``mgpu.io.write``):
+    ``"mmap"`` (the default: through the pinned stager into a memory map of the file) or
+    ``"kvikio"`` (straight from device memory)."""
+    return config.load().io.write
+
+
 def _kvikio() -> Any:
-    """KvikIO, its pool and task size set from mgpu's config (again only when it changed:
-    setting the thread count remakes the pool)."""
-    global _APPLIED
+    """KvikIO, its pool and task size set from mgpu's config. Set again only when KvikIO's
+    own settings differ (setting the thread count remakes the pool, which other threads
+    of the process may be using)."""
     import kvikio
     import kvikio.defaults
 
-    want = (threads(), task_size())
-    with _LOCK:
-        if _APPLIED != want:
-            kvikio.defaults.set({"num_threads": want[0], "task_size": want[1]})
-            _APPLIED = want
+    want = {"num_threads": threads(), "task_size": task_size()}
+    if any(kvikio.defaults.get(k) != v for k, v in want.items()):
+        kvikio.defaults.set(want)
     return kvikio
 
 
@@ -92,6 +101,25 @@ def read(path: str, offset: int, out: Any) -> float:
         got = f.pread(out, nbytes, offset).get()
     if got != nbytes:
         raise EOFError(f"{path}: read {got} of {nbytes} bytes from byte {offset}")
+    return time.perf_counter() - start
+
+
+def write(path: str, offset: int, data: Any) -> float:
+    """Write the C-contiguous device array ``data`` into ``path`` from byte ``offset`` (the
+    file is sized already); returns the seconds the write took. ``data`` must not change
+    until this returns (KvikIO copies it on streams of its own).
+
+    Raises
+    ------
+    OSError
+        If the file system takes fewer bytes than given (it filled, say).
+    """
+    kvikio = _kvikio()
+    start = time.perf_counter()
+    with kvikio.CuFile(path, "r+") as f:
+        got = f.pwrite(data, data.nbytes, offset).get()
+    if got != data.nbytes:
+        raise OSError(errno.ENOSPC, f"wrote {got} of {data.nbytes} bytes from byte {offset}", path)
     return time.perf_counter() - start
 
 

@@ -50,11 +50,29 @@ def check_record(out: Path, suite: str) -> dict[str, Any]:
 
 
 def test_suite_runs_every_job_against_its_roofline(tmp_path):
-    res = invoke("bench", "suite", "--backend", "cpu", "--devices", "1", "--cached-ceilings", "--out", tmp_path)
+    # A job file of the user's runs beside the suite's own, at the size it is written for.
+    mine = tmp_path / "jobs" / "mine.yaml"
+    mine.parent.mkdir()
+    mine.write_text("workload: dot\nparams: {n: 12345, seed: 3}\ncluster: {devices: 2}\n")
+    out = tmp_path / "out"
+    res = invoke(
+        "bench", "suite", "--backend", "cpu", "--devices", "1", "--cached-ceilings", "--job", mine, "--out", out
+    )
     assert res.code == 0, res.output
-    record = check_record(tmp_path, "suite")
+    record = check_record(out, "suite")
     names = [e["name"] for e in record["runs"]]
-    assert names == ["matmul-float32", "matmul-float64", "dot-float32", "mandelbrot-float32", "mandelbrot-float64"]
+    assert names == [
+        "matmul-float32",
+        "matmul-float64",
+        "dot-float32",
+        "mandelbrot-float32",
+        "mandelbrot-float64",
+        "mine",
+    ]
+    assert record["command"][-2:] == ["--job", str(mine)]
+    theirs = record["runs"][-1]["result"]
+    assert theirs["job"]["params"]["n"] == 12345 and theirs["job"]["params"]["seed"] == 3
+    assert len(theirs["devices"]) == 1  # the suite's device count, not the file's
     assert record["options"]["sizes"] == "tiny" and record["options"]["device_counts"] == [1]
     by_name = {e["name"]: e["result"] for e in record["runs"]}
     assert by_name["matmul-float64"]["job"]["params"]["m"] == 256
@@ -77,7 +95,7 @@ def test_outofcore_reads_the_inputs_from_files_and_cleans_up(tmp_path):
     res = invoke("bench", "outofcore", "--backend", "cpu", "--devices", "2", "--scratch", scratch, "--out", out)
     assert res.code == 0, res.output
     record = check_record(out, "outofcore")
-    assert [e["name"] for e in record["runs"]] == ["outofcore-matmul-distributed", "outofcore-dot"]
+    assert [e["name"] for e in record["runs"]] == ["outofcore-matmul-1024-distributed", "outofcore-dot"]
     matmul, dot = (e["result"] for e in record["runs"])
     assert matmul["job"]["params"]["operands"] == "distributed" and matmul["job"]["params"]["m"] == 1024
     assert matmul["job"]["params"]["input"]["a"].startswith(str(scratch))
@@ -134,6 +152,7 @@ BAD = [
     (["suite", "--protocol", "pigeon"], "--protocol"),
     (["scale", "--nope"], "--nope"),
     (["suite", "--set", "params.m=-1"], "params.m"),
+    (["suite", "--job", "no-such-job.yaml"], "--job: cannot read 'no-such-job.yaml'"),
     (["peers", "--set", "cluster.allocator=magic"], "cluster.allocator"),
 ]
 
@@ -268,5 +287,5 @@ def test_outofcore_refuses_a_scratch_folder_too_small(tmp_path, monkeypatch):
     res = invoke(
         "bench", "outofcore", "--backend", "cpu", "--devices", "2", "--scratch", tmp_path, "--out", tmp_path / "out"
     )
-    assert res.code == 2 and "--scratch: the inputs and C take 0.0286 GB" in res.stderr, res.output
+    assert res.code == 2 and "--scratch: the largest case's files take 0.016 GB" in res.stderr, res.output
     assert list(tmp_path.iterdir()) == []  # no input written, no record

@@ -65,8 +65,14 @@ def test_the_schedule_keeps_all_of_c_where_it_fits_and_panels_where_not():
     s = ms.choose(rows=1000, n=800, k=600, itemsize=4, budget=64 << 20, verify=True)
     assert s.panel_rows == 1000 and s.final_blocks == min(ms.FINAL_BLOCKS, 0) or s.block_rows == 600
     big = ms.choose(rows=32768, n=32768, k=32768, itemsize=4, budget=6 << 30, verify=True)
-    assert big.panel_rows == 32768 and big.final_blocks == ms.FINAL_BLOCKS  # C (4 GiB) and the buffers fit
+    assert big.panel_rows == 32768  # C (4 GiB) and the buffers fit
     assert ms.working_set(big, 32768, 32768, 4, True) <= 6 << 30
+    # The bands' phase is as long as the budget allows: one more final block would not fit.
+    more = ms.Schedule(32768, big.block_rows, big.final_blocks + 1, big.bands, big.final_blocks + 1)
+    assert big.final_blocks >= ms.FINAL_BLOCKS and ms.working_set(more, 32768, 32768, 4, True) > 6 << 30
+    # Up to half of k, where the budget holds more.
+    roomy = ms.choose(rows=4096, n=4096, k=32768, itemsize=4, budget=16 << 30, verify=True)
+    assert roomy.block_rows == ms.BLOCK_ROWS and roomy.final_blocks == 32768 // ms.BLOCK_ROWS // 2
     tight = ms.choose(rows=32768, n=32768, k=32768, itemsize=4, budget=3 << 30, verify=True)
     assert tight.panel_rows < 32768 and ms.working_set(tight, 32768, 32768, 4, True) <= 3 << 30
     with pytest.raises(JobInputError, match="cluster.memory_limit: .* cannot hold one row of C"):

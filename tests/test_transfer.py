@@ -591,6 +591,64 @@ def test_ready_buffers_does_not_wait_for_a_busy_thread(monkeypatch):
         busy.result()
 
 
+def _stand_in_kvikio_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
+    """mgpu.io.write on the stand-in device: writes the range with os.pwrite, and records
+    (path, offset, bytes) of each write."""
+    import os
+
+    from mgpu import io
+
+    writes: list[tuple[str, int, int]] = []
+
+    def write(path: str, offset: int, data: Any) -> float:
+        assert data.flags.c_contiguous
+        writes.append((path, offset, data.nbytes))
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.pwrite(fd, np.asarray(data).tobytes(), offset)
+        finally:
+            os.close(fd)
+        return 0.5
+
+    monkeypatch.setattr(io, "write", write)
+    return writes
+
+
+@pytest.mark.parametrize("method", ["kvikio", "mmap"])
+def test_whole_rows_of_an_output_go_by_kvikio_and_column_blocks_through_the_map(monkeypatch, tmp_path, method):
+    from mgpu.sources import NpySink
+
+    dev, stream = _stand_in_gpu(monkeypatch, 2)
+    writes = _stand_in_kvikio_writes(monkeypatch)
+    sink = NpySink.for_path(str(tmp_path / "c.npy"), (30, 20), "float64")
+    sink.create()
+    want = np.random.default_rng(5).standard_normal((30, 20))
+    with dask.config.set({"mgpu.io.write": method}):
+        sink.write((slice(4, 30), slice(None)), want[4:].copy().view(_DeviceArray), dev)
+        sink.write((slice(0, 4), slice(0, 20)), want[:4].copy().view(_DeviceArray), dev)  # every column named
+        sink.write((slice(0, 30), slice(5, 9)), want[:, 5:9].copy().view(_DeviceArray), dev)  # a column block
+    _run_copies(stream)
+    sink.commit()
+    assert np.array_equal(np.load(tmp_path / "c.npy"), want)
+    if method == "kvikio":  # one write a block of whole rows, of exactly its bytes, at its rows' offset
+        assert writes == [(sink.partial, sink.offset + 4 * 160, 26 * 160), (sink.partial, sink.offset, 4 * 160)]
+    else:
+        assert writes == []
+    assert dev.bytes_d2h == want.nbytes + 30 * 4 * 8
+
+
+def test_an_output_written_by_kvikio_after_the_job_was_given_up_is_not_made_again(monkeypatch, tmp_path):
+    from mgpu.sources import NpySink
+
+    dev, _ = _stand_in_gpu(monkeypatch, 2)
+    _stand_in_kvikio_writes(monkeypatch)
+    sink = NpySink.for_path(str(tmp_path / "c.npy"), (3, 2), "float32")
+    sink.create()
+    sink.discard()
+    sink.write((slice(0, 3), slice(None)), np.ones((3, 2), np.float32).view(_DeviceArray), dev)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("method", ["kvikio", "mmap"])
 def test_npy_source_reads_the_file_on_a_cpu_either_way(tmp_path, method):
     from mgpu.sources import inspect_npy
@@ -656,8 +714,6 @@ def _stand_in_kvikio_module(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, 
     import sys
     from types import SimpleNamespace
 
-    from mgpu import io
-
     started: list[tuple[str, int, int]] = []
 
     class Future:
@@ -689,10 +745,10 @@ def _stand_in_kvikio_module(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, 
         def close(self) -> None:
             os.close(self.fd)
 
-    kvikio = SimpleNamespace(CuFile=CuFile, defaults=SimpleNamespace(set=lambda settings: None))
+    settings: dict[str, Any] = {}
+    kvikio = SimpleNamespace(CuFile=CuFile, defaults=SimpleNamespace(set=settings.update, get=settings.get))
     monkeypatch.setitem(sys.modules, "kvikio", kvikio)
     monkeypatch.setitem(sys.modules, "kvikio.defaults", kvikio.defaults)
-    monkeypatch.setattr(io, "_APPLIED", None)
     return started
 
 
@@ -742,3 +798,28 @@ def test_reads_in_order_check_every_file_before_any_starts(monkeypatch, tmp_path
     with pytest.raises(EOFError, match="y.npy is truncated"):
         list(io.read_in_order([(str(tmp_path / "x.npy"), 128, out[0]), (str(tmp_path / "y.npy"), 128, out[1])]))
     assert started == []
+
+
+def test_kvikio_is_set_from_the_io_settings_only_when_its_own_differ(monkeypatch):
+    # Setting KvikIO's thread count remakes its pool, under any read another thread has going.
+    import sys
+    from types import SimpleNamespace
+
+    from mgpu import io
+
+    settings: dict[str, Any] = {"num_threads": 1, "task_size": 1 << 20}
+    calls: list[dict[str, Any]] = []
+
+    def record(new: dict[str, Any]) -> None:
+        calls.append(dict(new))
+        settings.update(new)
+
+    kvikio = SimpleNamespace(defaults=SimpleNamespace(set=record, get=settings.get))
+    monkeypatch.setitem(sys.modules, "kvikio", kvikio)
+    monkeypatch.setitem(sys.modules, "kvikio.defaults", kvikio.defaults)
+    io._kvikio()
+    io._kvikio()
+    assert calls == [{"num_threads": 16, "task_size": 8 << 20}]
+    with dask.config.set({"mgpu.io.threads": 4}):
+        io._kvikio()
+    assert calls[1:] == [{"num_threads": 4, "task_size": 8 << 20}]

@@ -73,9 +73,9 @@ def _command(name: str, params: dict[str, Any]) -> list[str]:
         flag = "--" + key.replace("_", "-")
         if key == "devices":
             cmd += [flag, "all" if value is None else ",".join(map(str, value))]
-        elif key == "sets":
+        elif key in ("sets", "jobs"):  # repeatable: --set KEY=VALUE, --job FILE
             for s in value:
-                cmd += ["--set", s]
+                cmd += ["--" + key[:-1], s]
         elif isinstance(value, bool):
             cmd += [flag] if value else []
         elif value is not None:
@@ -143,9 +143,12 @@ def _print_summary(body: dict[str, Any], console: Console) -> None:
 @bench.command("suite", context_settings=_CONTEXT)
 @_shared
 @click.option("--cached-ceilings", is_flag=True, help="use the cached device ceilings instead of measuring them anew")
-def suite_command(cached_ceilings: bool, **params: Any) -> None:
+@click.option(
+    "--job", "jobs", multiple=True, metavar="FILE", help="also run this job file at its own size (repeatable)"
+)
+def suite_command(cached_ceilings: bool, jobs: tuple[str, ...], **params: Any) -> None:
     """mgpu's device-resident jobs (matmul, dot, Mandelbrot) against their roofline."""
-    _run("suite", suite, params, {"cached_ceilings": cached_ceilings})
+    _run("suite", suite, params, {"cached_ceilings": cached_ceilings, "jobs": list(jobs)})
 
 
 @bench.command("outofcore", context_settings=_CONTEXT)

@@ -3,17 +3,20 @@
 Every job generates its operands on the devices; each result's ``roofline`` is the sum
 over the devices used of one device's ceiling for that job, measured once in this run
 (the harness points ``mgpu.cache-dir`` at a fresh folder, so no cached ceiling is used,
-unless ``--cached-ceilings``).
+unless ``--cached-ceilings``). ``--job FILE`` adds a job file of the user's, at the size
+it is written for: a workload from a plug-in is measured by the same harness.
 """
 
 from __future__ import annotations
 
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import dask.config
+import yaml
 
-from .harness import Options, resolve, run_jobs, summarize
+from .harness import BenchInputError, Options, resolve, run_jobs, summarize
 
 # name -> (workload, params per preset); TF32 and the distributed operands are GPU-only figures.
 SIZES = {
@@ -45,12 +48,34 @@ def jobs(sizes: str, backend: str) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def job_files(paths: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """The jobs of ``--job`` files: (name, job document), named as ``mgpu submit`` names them.
+
+    Raises
+    ------
+    BenchInputError
+        A file that is missing or not a YAML mapping, naming ``--job`` and the file.
+    """
+    out = []
+    for path in map(Path, paths):
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise BenchInputError(f"--job: cannot read {str(path)!r}: {getattr(e, 'strerror', None) or e}") from None
+        if not isinstance(doc, dict):
+            raise BenchInputError(f"--job: {str(path)!r} holds no job (a YAML mapping with workload: and params:)")
+        name = str(doc.pop("name", None) or path.stem)
+        out.append((name, doc))
+    return out
+
+
 def run(opts: Options) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run the suite; returns (what was resolved, the record's body)."""
     backend, sizes, counts = resolve(opts)
+    todo = jobs(sizes, backend) + job_files(opts.extra.get("jobs") or [])
     if opts.extra.get("cached_ceilings"):
-        runs = run_jobs(opts, jobs(sizes, backend), backend, counts)
+        runs = run_jobs(opts, todo, backend, counts)
     else:
         with tempfile.TemporaryDirectory(prefix="mgpu-ceilings-") as cache, dask.config.set({"mgpu.cache-dir": cache}):
-            runs = run_jobs(opts, jobs(sizes, backend), backend, counts)
+            runs = run_jobs(opts, todo, backend, counts)
     return {"backend": backend, "sizes": sizes, "device_counts": counts}, {"runs": runs, "summary": summarize(runs)}

@@ -20,18 +20,25 @@ from mgpu.kernels import is_cupy
 __all__ = ["jacobi_step", "row_error"]
 
 _SOURCE = r"""
+// Each thread walks one column down a run of CHUNK rows, keeping the rows above and at
+// the cell in registers: a row is read from memory once (as the row below a cell), and
+// the cells beside it come from the cache lines its warp just read.
 extern "C" __global__ void jacobi_T(const T* __restrict__ u, T* __restrict__ out,
                                     long long width, long long rows, long long first, long long height) {
     long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= width) return;
-    for (long long r = 1 + blockIdx.y; r <= rows; r += gridDim.y) {
-        long long g = first + r - 1;  // the row of the grid
-        long long at = r * width + c;
-        T v = u[at];
-        if (c == 0 || c == width - 1 || g == 0 || g == height - 1) {
-            out[at] = v;
-        } else {
-            out[at] = (T)0.25 * ((u[at - width] + u[at + width]) + (u[at - 1] + u[at + 1]));
+    bool side = (c == 0 || c == width - 1);  // the grid's first or last column: kept
+    for (long long r0 = 1 + (long long)blockIdx.y * CHUNK; r0 <= rows; r0 += (long long)gridDim.y * CHUNK) {
+        long long r1 = min(r0 + CHUNK - 1, rows);
+        T up = u[(r0 - 1) * width + c];
+        T mid = u[r0 * width + c];
+        for (long long r = r0; r <= r1; ++r) {
+            long long at = r * width + c;
+            T down = u[at + width];
+            long long g = first + r - 1;  // the row of the grid
+            out[at] = (side || g == 0 || g == height - 1) ? mid : (T)0.25 * ((up + down) + (u[at - 1] + u[at + 1]));
+            up = mid;
+            mid = down;
         }
     }
 }
@@ -39,6 +46,9 @@ extern "C" __global__ void jacobi_T(const T* __restrict__ u, T* __restrict__ out
 _C_TYPES = {"float32": "float", "float64": "double"}
 _THREADS = 256
 _MAX_GRID_Y = 65535
+# Rows one thread walks. On an H200 (a 65536² float32 grid) runs of 8 to 32 rows stepped at
+# 84-85% of the device's copy rate, runs of 4 at 76%, and one thread a cell at 44%.
+CHUNK = 16
 
 
 @functools.cache
@@ -46,7 +56,8 @@ def _kernel(dtype: str) -> Any:
     import cupy
 
     name = f"jacobi_{dtype}"
-    source = f"typedef {_C_TYPES[dtype]} T;\n" + _SOURCE.replace("jacobi_T", name)
+    head = f"typedef {_C_TYPES[dtype]} T;\n#define CHUNK {CHUNK}\n"
+    source = head + _SOURCE.replace("jacobi_T", name)
     # No FMA contraction: the NumPy branch rounds the product and the sums separately.
     return cupy.RawKernel(source, name, options=("--fmad=false",))
 
@@ -58,7 +69,7 @@ def jacobi_step(xp: Any, u: Any, out: Any, first: int, height: int) -> None:
     """
     rows, width = u.shape[0] - 2, u.shape[1]
     if is_cupy(xp):
-        grid = ((width + _THREADS - 1) // _THREADS, min(rows, _MAX_GRID_Y))
+        grid = ((width + _THREADS - 1) // _THREADS, min((rows + CHUNK - 1) // CHUNK, _MAX_GRID_Y))
         args = (u, out, np.int64(width), np.int64(rows), np.int64(first), np.int64(height))
         _kernel(str(u.dtype))(grid, (_THREADS,), args)
         return

@@ -11,6 +11,7 @@ cupy = pytest.importorskip("cupy")
 pytest.importorskip("dask_cuda")
 
 from mgpu_stencil import jacobi_step, sweep  # noqa: E402
+from mgpu_stencil.kernels import _MAX_GRID_Y, CHUNK  # noqa: E402
 
 from mgpu.client.run import run_job  # noqa: E402
 from mgpu.kernels import random_block  # noqa: E402
@@ -33,9 +34,13 @@ def _grid(height: int, width: int, seed: int, dtype: str = "float32") -> np.ndar
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("first,height", [(0, 40), (7, 60), (30, 39), (0, 39)])
-def test_the_kernel_is_numpys_step_bit_for_bit(dtype, first, height):
-    rows, width = 9, 70001  # wider than one block row of threads
+@pytest.mark.parametrize(
+    "first,height,rows",
+    # Bands at the grid's top and bottom rows, inside it, and longer than one run of rows.
+    [(0, 40, 9), (7, 60, 9), (30, 39, 9), (0, 39, 9), (0, CHUNK + 5, CHUNK + 5), (3, 100, CHUNK + 5)],
+)
+def test_the_kernel_is_numpys_step_bit_for_bit(dtype, first, height, rows):
+    width = 70001  # wider than one block row of threads
     u = _grid(rows + 2, width, seed=first, dtype=dtype)
     want = np.zeros_like(u)
     jacobi_step(np, u, want, first, height)
@@ -45,12 +50,14 @@ def test_the_kernel_is_numpys_step_bit_for_bit(dtype, first, height):
 
 
 def test_a_band_taller_than_the_grid_of_blocks():
-    # More rows than gridDim.y holds (65535): the kernel's loop over rows covers the rest.
-    u = _grid(70000 + 2, 33, seed=1)
+    # More runs of rows than gridDim.y holds: the kernel's loop over runs covers the rest,
+    # and the last run is shorter than the others and than the unrolled rows.
+    rows = _MAX_GRID_Y * CHUNK + CHUNK + 3
+    u = _grid(rows + 2, 33, seed=1)
     want = np.zeros_like(u)
-    jacobi_step(np, u, want, 5, 80000)
+    jacobi_step(np, u, want, 5, rows + 10)
     got = cupy.zeros_like(cupy.asarray(u))
-    jacobi_step(cupy, cupy.asarray(u), got, 5, 80000)
+    jacobi_step(cupy, cupy.asarray(u), got, 5, rows + 10)
     np.testing.assert_array_equal(cupy.asnumpy(got)[1:-1], want[1:-1])
 
 
