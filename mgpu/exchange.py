@@ -11,6 +11,10 @@ the receivers' step s + 1 tasks, which copied from it, have returned.
 
 Where the GPUs cannot reach each other (another host, no peer access) the core fetches
 the array to the host instead (see :func:`mgpu.tiles.step_tile`).
+
+What a worker keeps (its buffers, the senders' buffers it opened) is its runtime's
+:class:`PeerBuffers` (:mod:`mgpu.runtime`); :func:`release` and :func:`free`, run on
+every worker once a job ends, reach the buffers of the worker they run on.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 
 from .panels import enable_peer_access
 
-__all__ = ["PeerArray", "export", "free", "peers_reachable", "receive", "release"]
+__all__ = ["PeerArray", "PeerBuffers", "free", "peers_reachable", "release"]
 
 
 @functools.cache
@@ -57,14 +61,6 @@ class PeerArray:
         return int(cupy.dtype(self.dtype).itemsize * math.prod(self.shape))
 
 
-# Per process, per job token: buffers this process sends from and receives into, and the
-# senders' buffers it opened.
-_SENDING: dict[str, dict[tuple[int, int, int], tuple[Any, bytes]]] = {}
-_RECEIVING: dict[str, dict[tuple[int, int, int], Any]] = {}
-_OPENED: dict[str, dict[bytes, int]] = {}
-_LOCK = threading.Lock()
-
-
 @functools.cache
 def _uuid(ordinal: int) -> bytes:
     import cupy
@@ -72,75 +68,111 @@ def _uuid(ordinal: int) -> bytes:
     return bytes(cupy.cuda.runtime.getDeviceProperties(ordinal)["uuid"])
 
 
-def export(dev: Any, token: str, sender: int, receiver: int, step: int, data: Any, made: Any) -> PeerArray:
-    """Copy ``data`` (once the event ``made`` has passed) into the sender's buffer for this
-    step and return what names it; waits for the copy."""
-    import cupy
+class PeerBuffers:
+    """One worker's buffers of the exchange, per job token: those it sends from and
+    receives into, and the senders' buffers it opened."""
 
-    slot = (sender, receiver, step % 2)
-    with _LOCK:
-        mine = _SENDING.setdefault(token, {})
-        if slot not in mine:
-            memory = cupy.cuda.memory.Memory(max(1, data.nbytes))  # cudaMalloc: its own allocation
-            mine[slot] = (memory, bytes(cupy.cuda.runtime.ipcGetMemHandle(memory.ptr)))
-        memory, handle = mine[slot]
-    copy = dev.copy_stream
-    copy.wait_event(made)
-    cupy.cuda.runtime.memcpyAsync(
-        memory.ptr, data.data.ptr, data.nbytes, cupy.cuda.runtime.memcpyDeviceToDevice, copy.ptr
-    )
-    copy.synchronize()
-    return PeerArray(
-        token, socket.gethostname(), os.getpid(), _uuid(0), handle, tuple(data.shape), str(data.dtype), slot
-    )
+    def __init__(self) -> None:
+        self._sending: dict[str, dict[tuple[int, int, int], tuple[Any, bytes]]] = {}
+        self._receiving: dict[str, dict[tuple[int, int, int], Any]] = {}
+        self._opened: dict[str, dict[bytes, int]] = {}
+        self._lock = threading.Lock()
+
+    def export(self, dev: Any, token: str, sender: int, receiver: int, step: int, data: Any, made: Any) -> PeerArray:
+        """Copy ``data`` (once the event ``made`` has passed) into the sender's buffer for
+        this step and return what names it; waits for the copy."""
+        import cupy
+
+        slot = (sender, receiver, step % 2)
+        with self._lock:
+            mine = self._sending.setdefault(token, {})
+            if slot not in mine:
+                memory = cupy.cuda.memory.Memory(max(1, data.nbytes))  # cudaMalloc: its own allocation
+                mine[slot] = (memory, bytes(cupy.cuda.runtime.ipcGetMemHandle(memory.ptr)))
+            memory, handle = mine[slot]
+        copy = dev.copy_stream
+        copy.wait_event(made)
+        cupy.cuda.runtime.memcpyAsync(
+            memory.ptr, data.data.ptr, data.nbytes, cupy.cuda.runtime.memcpyDeviceToDevice, copy.ptr
+        )
+        copy.synchronize()
+        return PeerArray(
+            token, socket.gethostname(), os.getpid(), _uuid(0), handle, tuple(data.shape), str(data.dtype), slot
+        )
+
+    def receive(self, dev: Any, ref: PeerArray, after: Any) -> Any:
+        """``ref``'s array copied from the sender's GPU into a buffer on this one (after the
+        event ``after``, this tile's step before, which read that buffer last); waits for it."""
+        import cupy
+
+        if ref.host != socket.gethostname():
+            raise RuntimeError(f"a peer array from {ref.host} reached {socket.gethostname()}: peers share a host")
+        with self._lock:
+            opened = self._opened.setdefault(ref.token, {})
+            if ref.handle not in opened:
+                peer = next((k for k in range(1, cupy.cuda.runtime.getDeviceCount()) if _uuid(k) == ref.gpu_uuid), None)
+                if peer is None:
+                    raise RuntimeError(
+                        f"tile {ref.slot[0]}'s GPU is not one this worker sees; its rows cannot come direct"
+                    )
+                enable_peer_access(peer)
+                opened[ref.handle] = cupy.cuda.runtime.ipcOpenMemHandle(ref.handle)
+            source = opened[ref.handle]
+            mine = self._receiving.setdefault(ref.token, {})
+            if ref.slot not in mine:
+                mine[ref.slot] = cupy.empty(ref.shape, dtype=ref.dtype)
+            out = mine[ref.slot]
+        copy = dev.copy_stream
+        if after is not None:
+            copy.wait_event(after)
+        cupy.cuda.runtime.memcpyAsync(
+            out.data.ptr, source, ref.nbytes, cupy.cuda.runtime.memcpyDeviceToDevice, copy.ptr
+        )
+        copy.synchronize()
+        return out
+
+    def release(self, token: str) -> int:
+        """Close the senders' buffers opened here for one job."""
+        with self._lock:
+            opened = self._opened.pop(token, {})
+        if not opened:
+            return 0
+        import cupy
+
+        for ptr in opened.values():
+            cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+        return len(opened)
+
+    def free(self, token: str) -> int:
+        """Free this worker's send and receive buffers of one job (after every peer's :meth:`release`)."""
+        with self._lock:
+            sending = self._sending.pop(token, {})
+            self._receiving.pop(token, None)
+        return len(sending)
+
+    def close(self) -> None:
+        """Close every sender's buffer opened here, then free this worker's own."""
+        with self._lock:
+            tokens = set(self._opened) | set(self._sending) | set(self._receiving)
+        for token in tokens:
+            self.release(token)
+        for token in tokens:
+            self.free(token)
 
 
-def receive(dev: Any, ref: PeerArray, after: Any) -> Any:
-    """``ref``'s array copied from the sender's GPU into a buffer on this one (after the
-    event ``after``, this tile's step before, which read that buffer last); waits for it."""
-    import cupy
-
-    if ref.host != socket.gethostname():
-        raise RuntimeError(f"a peer array from {ref.host} reached {socket.gethostname()}: peers share a host")
-    with _LOCK:
-        opened = _OPENED.setdefault(ref.token, {})
-        if ref.handle not in opened:
-            peer = next((k for k in range(1, cupy.cuda.runtime.getDeviceCount()) if _uuid(k) == ref.gpu_uuid), None)
-            if peer is None:
-                raise RuntimeError(f"tile {ref.slot[0]}'s GPU is not one this worker sees; its rows cannot come direct")
-            enable_peer_access(peer)
-            opened[ref.handle] = cupy.cuda.runtime.ipcOpenMemHandle(ref.handle)
-        source = opened[ref.handle]
-        mine = _RECEIVING.setdefault(ref.token, {})
-        if ref.slot not in mine:
-            mine[ref.slot] = cupy.empty(ref.shape, dtype=ref.dtype)
-        out = mine[ref.slot]
-    copy = dev.copy_stream
-    if after is not None:
-        copy.wait_event(after)
-    cupy.cuda.runtime.memcpyAsync(out.data.ptr, source, ref.nbytes, cupy.cuda.runtime.memcpyDeviceToDevice, copy.ptr)
-    copy.synchronize()
-    return out
+def release(token: str, dask_worker: Any = None) -> int:
+    """Close the senders' buffers this worker opened for one job (run on each worker once
+    every tile has ended; the closing first, on every worker, as for panels:
+    :func:`mgpu.panels.close_remotes`)."""
+    return _buffers(dask_worker).release(token)
 
 
-def release(token: str) -> int:
-    """Close the senders' buffers this process opened for one job, then free its own (a
-    task on each worker once every tile has ended; the closing first, on every worker,
-    as for panels: :func:`mgpu.panels.close_remotes`)."""
-    with _LOCK:
-        opened = _OPENED.pop(token, {})
-    if not opened:
-        return 0
-    import cupy
-
-    for ptr in opened.values():
-        cupy.cuda.runtime.ipcCloseMemHandle(ptr)
-    return len(opened)
+def free(token: str, dask_worker: Any = None) -> int:
+    """Free this worker's send and receive buffers of one job (after every :func:`release`)."""
+    return _buffers(dask_worker).free(token)
 
 
-def free(token: str) -> int:
-    """Free this process's send and receive buffers of one job (after every :func:`release`)."""
-    with _LOCK:
-        sending = _SENDING.pop(token, {})
-        _RECEIVING.pop(token, None)
-    return len(sending)
+def _buffers(worker: Any = None) -> PeerBuffers:
+    from .runtime import current
+
+    return current(worker).exchange

@@ -3,9 +3,11 @@
 One :class:`RuntimeSetup` worker plugin makes a :class:`Runtime` per worker: its
 :class:`~mgpu.device.Device` (array module, the task threads' streams, the host threads
 and pinned buffers of staged copies, arrays kept between tiles, references to what the
-memory plugins set up) and its :class:`~mgpu.panels.PanelStore`. Tasks reach it through
-the worker they run on (:func:`current`); two workers in one process have one each. The
-plugin's teardown (the worker closing, or the plugin removed) frees it.
+memory plugins set up), its :class:`~mgpu.panels.PanelStore`, and what its stepped tiles
+keep between steps (:class:`~mgpu.tiles.StepStore`, :class:`~mgpu.exchange.PeerBuffers`).
+Tasks, and functions run by ``Client.run``, reach it through the worker they run on
+(:func:`current`); two workers in one process have one each. The plugin's teardown (the
+worker closing, or the plugin removed) frees it.
 
 GPU libraries are imported inside ``setup()`` only, so the client, the scheduler and the
 planner import this module on machines without CUDA.
@@ -22,7 +24,9 @@ import psutil
 from distributed import WorkerPlugin, get_worker
 
 from .device import Device, DeviceFacts, address_space_room
+from .exchange import PeerBuffers
 from .panels import PanelStore
+from .tiles import StepStore
 
 __all__ = ["Runtime", "RuntimeSetup", "current"]
 
@@ -33,9 +37,14 @@ class Runtime:
 
     device: Device
     panels: PanelStore = field(default_factory=PanelStore)
+    steps: StepStore = field(default_factory=StepStore)
+    exchange: PeerBuffers = field(default_factory=PeerBuffers)
 
     def close(self) -> None:
-        """Free the panels (peers' closed first), then what the device holds."""
+        """Drop the stepped tiles, free the exchange's buffers and the panels (peers' closed
+        first), then what the device holds."""
+        self.steps.close()
+        self.exchange.close()
         self.panels.close()
         self.device.close()
 

@@ -1,20 +1,23 @@
 """What the client's tasks run on a worker: a workload's warm-up, a panel's making, a tile.
 
 The routine around a tile (timing, counters, the check, the record) is :mod:`mgpu.tiles`;
-these are the tasks' entry points, which find the worker's device.
+these are the tasks' entry points, which find the worker's device and what its runtime
+keeps (:mod:`mgpu.runtime`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from distributed import get_worker
 
 from . import device as _device
-from . import tiles
+from . import runtime, tiles
 from .panels import PanelRef
 from .planner import Panel, Tile
 from .workloads.base import TileRecord, Workload
 
-__all__ = ["lost_stepped_tile", "make_panel", "run_tile", "step_tile", "warmup"]
+__all__ = ["lost_stepped_tile", "make_panel", "release_steps", "run_tile", "step_tile", "warmup"]
 
 
 def make_panel(workload: Workload, panel: Panel, token: str, after: PanelRef | None = None) -> PanelRef:
@@ -42,7 +45,10 @@ def run_tile(
 ) -> TileRecord:
     """Compute ``tile`` on this worker's device and return its record (``stepped``: the
     tile's last step, for a stepped plan)."""
-    return tiles.run_tile(workload, _device.current(), tile, panels, token=token, hook=_answer_hook(), stepped=stepped)
+    rt = runtime.current()
+    return tiles.run_tile(
+        workload, rt.device, tile, panels, token=token, hook=_answer_hook(), stepped=stepped, steps=rt.steps
+    )
 
 
 def step_tile(
@@ -56,7 +62,15 @@ def step_tile(
     peers: frozenset[int],
 ) -> tiles.Sent:
     """Step ``step`` of a stepped tile on this worker's device (see :func:`mgpu.tiles.step_tile`)."""
-    return tiles.step_tile(workload, _device.current(), tile, step, token, previous, received, remote, peers)
+    rt = runtime.current()
+    return tiles.step_tile(
+        workload, rt.device, tile, step, token, previous, received, remote, peers, steps=rt.steps, buffers=rt.exchange
+    )
+
+
+def release_steps(token: str, dask_worker: Any = None) -> int:
+    """Drop this worker's stepped tiles of one job (run on each worker once the job ends)."""
+    return runtime.current(dask_worker).steps.release(token)
 
 
 def lost_stepped_tile(index: int) -> None:

@@ -5,7 +5,8 @@ is checked (``check``) and where its answer goes (``store``); this module times 
 counts the bytes it staged and what it spilled, runs the check when the job verifies,
 and fills the record the client receives. Panels (blocks made once per worker) are made
 through the same routine, and so are the warm-ups' small tiles. A stepped tile (see
-``Plan.steps``) keeps its context on its worker from its first step to its end.
+``Plan.steps``) keeps its context on its worker from its first step to its end, in the
+worker runtime's :class:`StepStore`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from .planner import Panel, Tile
     from .workloads.base import TileRecord, Workload
 
-__all__ = ["Sent", "TileContext", "make_panel", "new_record", "release_steps", "run_tile", "step_tile"]
+__all__ = ["Sent", "StepStore", "TileContext", "make_panel", "new_record", "run_tile", "step_tile"]
 
 # Called with (workload, tile, answer) between a tile's run and its check; returns the
 # answer the check sees. Tests set it on a worker (see tests/contract) to prove that a
@@ -135,9 +136,41 @@ class Sent:
         return {"sender": self.sender, "data": far, "ready": None}
 
 
-# The contexts of this process's stepped tiles between their steps: (job token, tile index).
-_STEPPING: dict[tuple[str, int], TileContext] = {}
-_STEPPING_LOCK = threading.Lock()
+class StepStore:
+    """The contexts of one worker's stepped tiles between their steps, by (job token, tile index)."""
+
+    def __init__(self) -> None:
+        self._contexts: dict[tuple[str, int], TileContext] = {}
+        self._lock = threading.Lock()  # the steps of one worker's tiles run on its task threads
+
+    def keep(self, token: str, index: int, ctx: TileContext) -> None:
+        with self._lock:
+            self._contexts[(token, index)] = ctx
+
+    def get(self, token: str, index: int) -> TileContext:
+        with self._lock:
+            return self._contexts[(token, index)]
+
+    def pop(self, token: str, index: int) -> TileContext | None:
+        with self._lock:
+            return self._contexts.pop((token, index), None)
+
+    def held(self) -> int:
+        """How many stepped tiles this worker holds, over every job."""
+        with self._lock:
+            return len(self._contexts)
+
+    def release(self, token: str) -> int:
+        """Drop the stepped tiles of one job."""
+        with self._lock:
+            gone = [key for key in self._contexts if key[0] == token]
+            for key in gone:
+                del self._contexts[key]
+        return len(gone)
+
+    def close(self) -> None:
+        with self._lock:
+            self._contexts.clear()
 
 
 def step_tile(
@@ -150,6 +183,9 @@ def step_tile(
     received: list[Sent],
     remote: frozenset[int] = frozenset(),
     peers: frozenset[int] = frozenset(),
+    *,
+    steps: StepStore,
+    buffers: exchange.PeerBuffers,
 ) -> Sent:
     """Run step ``step`` of a stepped tile on this worker (see ``Plan.steps``).
 
@@ -160,8 +196,9 @@ def step_tile(
     while ``finish_step``'s work runs: device to device where that worker is in ``peers``
     (a GPU of this host) and the GPUs reach each other (see :mod:`mgpu.exchange`), through
     the host otherwise. The rest stays on the device, ordered by an event after the step.
+    ``steps`` keeps the tile's context between its steps; ``buffers`` are the worker's of
+    that exchange.
     """
-    key = (token, tile.index)
     with dev.on_stream():
         if dev.is_gpu:
             for sent in (previous, *received):
@@ -171,16 +208,14 @@ def step_tile(
         if step == 0:
             ctx = TileContext(dev, new_record(dev, tile, time.time(), busy_s=0.0, work=0.0), workload.verify, {}, token)
             ctx.state = workload.start(ctx, tile)
-            with _STEPPING_LOCK:
-                _STEPPING[key] = ctx
+            steps.keep(token, tile.index, ctx)
         else:
-            with _STEPPING_LOCK:
-                ctx = _STEPPING[key]
+            ctx = steps.get(token, tile.index)
         inbox = {}
         for sent in received:
             data = sent.data[tile.index]
             if isinstance(data, exchange.PeerArray):
-                data = exchange.receive(dev, data, previous.ready if previous is not None else None)
+                data = buffers.receive(dev, data, previous.ready if previous is not None else None)
             inbox[sent.sender] = data
         out = workload.step(ctx, tile, step, inbox)
         far = remote & set(out)
@@ -189,7 +224,7 @@ def step_tile(
         if far:
             direct = peers if dev.is_gpu and exchange.peers_reachable() else frozenset()
             out = {
-                n: (exchange.export(dev, token, tile.index, n, step, d, made) if n in direct else _fetch(dev, d, made))
+                n: (buffers.export(dev, token, tile.index, n, step, d, made) if n in direct else _fetch(dev, d, made))
                 if n in far
                 else d
                 for n, d in out.items()
@@ -210,15 +245,6 @@ def _fetch(dev: Device, data: Any, made: Any) -> np.ndarray:
     return data.get(stream=copy)  # blocking: returns once the copy is done
 
 
-def release_steps(token: str) -> int:
-    """Drop this process's stepped tiles of one job (a task on each worker once the job ends)."""
-    with _STEPPING_LOCK:
-        gone = [key for key in _STEPPING if key[0] == token]
-        for key in gone:
-            del _STEPPING[key]
-    return len(gone)
-
-
 def run_tile(
     workload: Workload,
     dev: Device,
@@ -228,6 +254,7 @@ def run_tile(
     token: str = "",
     hook: AnswerHook | None = None,
     stepped: Sent | None = None,
+    steps: StepStore | None = None,
 ) -> TileRecord:
     """Run ``tile`` of ``workload`` on ``dev`` and return its record.
 
@@ -236,7 +263,7 @@ def run_tile(
     time of what the workload timed, the bytes staged in and out, what spilled, the
     check's error and verdict, and the wall clock at the steps ("checked", "written").
     ``stepped`` is the last step of a stepped tile (see :func:`step_tile`), whose context,
-    kept on this worker since its first step, the tile ends with.
+    kept in ``steps`` since its first step, the tile ends with.
     """
     if stepped is None:
         fill = _counter(dev)
@@ -244,8 +271,9 @@ def run_tile(
             dev, new_record(dev, tile, time.time(), busy_s=0.0, work=0.0), workload.verify, panels or {}, token
         )
     else:
-        with _STEPPING_LOCK:
-            kept = _STEPPING.pop((token, tile.index), None)
+        if steps is None:
+            raise ValueError(f"tile {tile.index} is stepped: run_tile needs the steps' store (steps=)")
+        kept = steps.pop(token, tile.index)
         if kept is None:
             raise RuntimeError(
                 f"tile {tile.index}'s state is not on this worker (its worker was lost mid-job?): "

@@ -96,11 +96,13 @@ def test_teardown_frees_the_runtime():
         worker = next(iter(cluster.workers.values()))
         rt = worker.plugins[runtime.RuntimeSetup.name].runtime
         pool = rt.device.staging.pool
-        assert rt.panels.held() == 1 and len(rt.device.cache) == 1
+        rt.steps.keep("job", 0, object())  # a stepped tile's context, between its steps
+        assert rt.panels.held() == 1 and len(rt.device.cache) == 1 and rt.steps.held() == 1
 
         client.unregister_worker_plugin(runtime.RuntimeSetup.name)
-        # Its panels, cached arrays and host threads are gone; nothing of it is left to reach.
-        assert rt.panels.held() == 0 and len(rt.device.cache) == 0
+        # Its panels, stepped tiles, cached arrays and host threads are gone; nothing of it is
+        # left to reach.
+        assert rt.panels.held() == 0 and rt.steps.held() == 0 and len(rt.device.cache) == 0
         assert pool._shutdown and rt.device.staging.buffer_count == 0
         with pytest.raises(RuntimeError, match="has no mgpu runtime"):
             client.submit(runtime.current, pure=False).result()

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from mgpu import tiles
+from mgpu import runtime, tiles
 from mgpu.client.submit import run_plan
 from mgpu.cluster import open_cluster, resolve_cluster
 from mgpu.errors import JobFailed
+from mgpu.exchange import PeerBuffers
 from mgpu.planner import Plan, Tile, assign_contiguous
 from mgpu.spec import ClusterSpec
 from mgpu.workloads.base import Workload
@@ -95,21 +96,45 @@ def test_steps_in_one_process_keep_state_and_pass_what_neighbours_sent():
     dev = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h"))
     wl = Relay(RelayParams(tiles=3, steps=3))
     plan = wl.plan({"w": None}, 1 << 20, {})
+    steps = tiles.StepStore()
     last: dict[int, tiles.Sent] = {}
     for step in range(plan.steps):
         last = {
             t.index: tiles.step_tile(
-                wl, dev, t, step, "tok", last.get(t.index), [last[n] for n in t.neighbours if n in last]
+                wl,
+                dev,
+                t,
+                step,
+                "tok",
+                last.get(t.index),
+                [last[n] for n in t.neighbours if n in last],
+                steps=steps,
+                buffers=PeerBuffers(),
             )
             for t in plan.tiles
         }
-    records = [tiles.run_tile(wl, dev, t, token="tok", stepped=last[t.index]) for t in plan.tiles]
+    assert steps.held() == 3
+    records = [tiles.run_tile(wl, dev, t, token="tok", stepped=last[t.index], steps=steps) for t in plan.tiles]
     assert [r.value for r in records] == list(_relay(3, 3))
     assert records[1].extra["seen"] == [(0, []), (1, [0, 2]), (2, [0, 2])]
     assert all(r.work == 3.0 and r.verify_ok for r in records)
-    assert tiles.release_steps("tok") == 0  # each tile's state went with its end
+    assert steps.held() == 0 and steps.release("tok") == 0  # each tile's state went with its end
     with pytest.raises(RuntimeError, match="state is not on this worker"):
-        tiles.run_tile(wl, dev, plan.tiles[0], token="tok", stepped=last[0])
+        tiles.run_tile(wl, dev, plan.tiles[0], token="tok", stepped=last[0], steps=steps)
+
+
+def test_release_drops_one_jobs_stepped_tiles_only():
+    steps = tiles.StepStore()
+    kept: Any = {key: object() for key in [("a", 0), ("a", 1), ("b", 0)]}  # stand for tiles' contexts
+    for (token, index), ctx in kept.items():
+        steps.keep(token, index, ctx)
+    assert steps.release("a") == 2
+    assert steps.held() == 1 and steps.get("b", 0) is kept["b", 0]
+    assert steps.pop("a", 0) is None
+
+
+def _stepped_tiles_held(dask_worker: Any) -> int:
+    return runtime.current(dask_worker).steps.held()
 
 
 def test_a_stepped_plan_on_two_workers_exchanges_through_dask(scheduler):
@@ -118,7 +143,7 @@ def test_a_stepped_plan_on_two_workers_exchanges_through_dask(scheduler):
         plan = wl.plan(info.devices, 1 << 20, {})
         assert len({t.worker for t in plan.tiles}) == 2  # some neighbours are on the other worker
         records = run_plan(info.client, wl, plan)
-        held = info.client.run(lambda: len(tiles._STEPPING))
+        held = info.client.run(_stepped_tiles_held)
     assert sorted((r.index, r.value) for r in records) == list(enumerate(_relay(5, 6)))
     assert all(r.work == 6.0 for r in records)
     assert set(held.values()) == {0}  # nothing is left on the workers
@@ -135,5 +160,5 @@ def test_a_step_that_fails_fails_the_job(scheduler):
     with open_cluster(resolve_cluster(ClusterSpec(scheduler=scheduler, dashboard=None))) as info:
         with pytest.raises(JobFailed, match="step 2 broke"):
             run_plan(info.client, wl, wl.plan(info.devices, 1 << 20, {}))
-        held = info.client.run(lambda: len(tiles._STEPPING))
+        held = info.client.run(_stepped_tiles_held)
     assert set(held.values()) == {0}

@@ -19,8 +19,7 @@ from ..panels import close_remotes
 from ..panels import release as release_panels
 from ..planner import Plan, Tile
 from ..results import Recovery
-from ..tasks import lost_stepped_tile, make_panel, run_tile, step_tile, warmup
-from ..tiles import release_steps
+from ..tasks import lost_stepped_tile, make_panel, release_steps, run_tile, step_tile, warmup
 from ..workloads.base import TileRecord, Workload
 from .recover import TileTracker
 

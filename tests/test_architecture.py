@@ -1,0 +1,214 @@
+"""No mutable state at module level under mgpu/: what a worker keeps lives in its runtime
+(:mod:`mgpu.runtime`), made at setup and freed at teardown, so two workers in one process
+share nothing and a worker that closes leaves nothing behind.
+
+A module may hold constant tables: a container bound to an ALL_CAPS name (or one annotated
+``Final``) that the module never changes. Locks, thread-locals and the like made at import
+are state whatever their name, and so is a name that functions rebind (``global``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "mgpu"
+
+# KvikIO's thread pool and settings are one per process (mgpu.io's docstring): the lock
+# over them and the settings last applied are the process's too.
+PROCESS_WIDE = {("io.py", "_LOCK"), ("io.py", "_APPLIED")}
+
+_CONSTANT = re.compile(r"^_?[A-Z][A-Z0-9_]*$")
+# Made at import, these are state under any name.
+_STATEFUL = {
+    "Lock",
+    "RLock",
+    "Semaphore",
+    "BoundedSemaphore",
+    "Condition",
+    "Event",
+    "local",
+    "defaultdict",
+    "OrderedDict",
+    "Counter",
+    "deque",
+    "Queue",
+    "SimpleQueue",
+    "WeakValueDictionary",
+    "WeakKeyDictionary",
+    "WeakSet",
+}
+_CONTAINER_CALLS = {"dict", "list", "set", "bytearray"}
+_MUTATORS = {
+    "append",
+    "extend",
+    "insert",
+    "remove",
+    "pop",
+    "popitem",
+    "clear",
+    "update",
+    "setdefault",
+    "add",
+    "discard",
+    "difference_update",
+    "intersection_update",
+    "symmetric_difference_update",
+    "sort",
+    "reverse",
+    "__setitem__",
+    "__delitem__",
+}
+
+
+def _called(node: ast.expr) -> str | None:
+    """The last name of what ``node`` calls (``threading.Lock()``: "Lock"), if it is a call."""
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else None
+
+
+def _made(value: ast.expr) -> str | None:
+    """ "state" or "container" for a value made at import that is one, else None."""
+    if isinstance(value, ast.IfExp):
+        kinds = {_made(value.body), _made(value.orelse)}
+        return "state" if "state" in kinds else "container" if "container" in kinds else None
+    if _called(value) in _STATEFUL:
+        return "state"
+    if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)):
+        return "container"
+    if _called(value) in _CONTAINER_CALLS:
+        return "container"
+    return None
+
+
+def _is_final(annotation: ast.expr | None) -> bool:
+    if isinstance(annotation, ast.Subscript):
+        annotation = annotation.value
+    if isinstance(annotation, ast.Attribute):
+        return annotation.attr == "Final"
+    return isinstance(annotation, ast.Name) and annotation.id == "Final"
+
+
+def _module_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements run at import: the module's, and those of its top-level if/try/with."""
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, (ast.If, ast.With, ast.Try)):
+            for block in ("body", "orelse", "finalbody", "handlers"):
+                for inner in getattr(stmt, block, []):
+                    yield from _module_statements(inner.body if isinstance(inner, ast.ExceptHandler) else [inner])
+
+
+def _bindings(stmt: ast.stmt) -> Iterator[tuple[str, ast.expr, ast.expr | None]]:
+    """(name, value, annotation) of each module-level name ``stmt`` binds to a value."""
+    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
+        yield stmt.target.id, stmt.value, stmt.annotation
+    elif isinstance(stmt, ast.Assign):
+        for target in stmt.targets:
+            if isinstance(target, ast.Name):
+                yield target.id, stmt.value, None
+            elif isinstance(target, ast.Tuple) and isinstance(stmt.value, ast.Tuple):
+                for t, v in zip(target.elts, stmt.value.elts, strict=False):
+                    if isinstance(t, ast.Name):
+                        yield t.id, v, None
+
+
+def _root(node: ast.expr) -> str | None:
+    """The name at the root of ``X[k].attr[j]``."""
+    while isinstance(node, (ast.Subscript, ast.Attribute)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _changed(tree: ast.Module) -> set[str]:
+    """Names whose object the module changes in place: item stores and deletes, augmented
+    assignments, mutating methods."""
+    changed: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            target: ast.expr | None = node
+        elif isinstance(node, ast.AugAssign) and not isinstance(node.target, ast.Name):
+            target = node.target
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS:
+            target = node.func.value
+        else:
+            target = None
+        if target is not None and (name := _root(target)) is not None:
+            changed.add(name)
+    return changed
+
+
+def module_state(source: str) -> list[tuple[str, str]]:
+    """(name, why) of each mutable thing a module's ``source`` keeps at module level."""
+    tree = ast.parse(source)
+    found = [
+        (name, "rebound by a function (global)")
+        for name in sorted({n for node in ast.walk(tree) if isinstance(node, ast.Global) for n in node.names})
+    ]
+    changed = _changed(tree)
+    for stmt in _module_statements(tree.body):
+        for name, value, annotation in _bindings(stmt):
+            kind = _made(value)
+            if kind == "state":
+                found.append((name, f"line {stmt.lineno}: a {_called(value)}() made at import"))
+            elif kind == "container" and not (name.startswith("__") and name.endswith("__")):
+                if not (_CONSTANT.match(name) or _is_final(annotation)):
+                    found.append((name, f"line {stmt.lineno}: a container neither named as a constant nor Final"))
+                elif name in changed:
+                    found.append((name, f"line {stmt.lineno}: a container the module changes"))
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_no_mutable_state_at_module_level(path):
+    where = path.relative_to(PACKAGE).as_posix()
+    found = [f"{name} ({why})" for name, why in module_state(path.read_text()) if (where, name) not in PROCESS_WIDE]
+    assert not found, f"mgpu/{where} keeps state at module level; a worker's belongs in its runtime: {found}"
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # State a worker keeps between tasks, at module level: each is found.
+        (
+            "_STEPPING: dict = {}\ndef keep(k, v):\n    _STEPPING[k] = v\n",
+            [("_STEPPING", "line 1: a container the module changes")],
+        ),
+        (
+            "_SENDING = {}\ndef send(t):\n    return _SENDING.setdefault(t, {})\n",
+            [("_SENDING", "line 1: a container the module changes")],
+        ),
+        (
+            "_OPENED = {}\ndef drop(t):\n    _OPENED[t][0] = 1\n",
+            [("_OPENED", "line 1: a container the module changes")],
+        ),
+        ("import threading\n_LOCK = threading.Lock()\n", [("_LOCK", "line 2: a Lock() made at import")]),
+        ("from threading import local\n_here = local()\n", [("_here", "line 2: a local() made at import")]),
+        (
+            "import collections\nif True:\n    BY = collections.defaultdict(list)\n",
+            [("BY", "line 3: a defaultdict() made at import")],
+        ),
+        ("_cache = {}\n", [("_cache", "line 1: a container neither named as a constant nor Final")]),
+        ("seen = set()\n", [("seen", "line 1: a container neither named as a constant nor Final")]),
+        (
+            "from typing import Final\n_K: Final = []\ndef f(x):\n    _K.append(x)\n",
+            [("_K", "line 2: a container the module changes")],
+        ),
+        ("_N = 0\ndef bump():\n    global _N\n    _N += 1\n", [("_N", "rebound by a function (global)")]),
+        # Constant tables, and what functions make for themselves: nothing is found.
+        ('_C_TYPES = {"float16": "__half"}\n_MATVEC = {n: c for n, c in _C_TYPES.items()}\n', []),
+        ('__all__ = ["a"]\nSIZES: dict[str, int] = {"tiny": 1}\ndef f():\n    return dict(SIZES)\n', []),
+        ("import typing\n_table: typing.Final = {1: 2}\n", []),
+        ("def f():\n    local = {}\n    local[1] = 2\n    return local\n", []),
+    ],
+)
+def test_the_rule_tells_state_from_constant_tables(source, expected):
+    assert module_state(source) == expected
