@@ -48,6 +48,7 @@ ROW_FIELDS = [
     "repeat",
     "status",
     "seconds",
+    "expected_s",
     "wall_s",
     "throughput",
     "unit",
@@ -60,6 +61,8 @@ ROW_FIELDS = [
     "gpu",
     "source",
 ]
+# Row fields that files written before them lack (read as empty).
+_LATER_FIELDS = ("source", "expected_s")
 # Fields ``mgpu report --by`` can compare side by side (devices is already the x axis).
 BY_FIELDS = ["allocator", "protocol", "host", "gpu", "backend", "workload", "job", "source"]
 
@@ -102,6 +105,7 @@ def row_from_result(
         "repeat": repeat,
         "status": result.status,
         "seconds": result.compute_s,
+        "expected_s": result.estimate.seconds if result.estimate else None,  # what "seconds" was estimated at
         "wall_s": result.wall_s,
         "throughput": result.throughput.value,
         "unit": result.throughput.unit,
@@ -226,11 +230,12 @@ def load_rows(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
             raise JobInputError(f"{str(path)!r} is not JSON: {e}") from None
         if isinstance(data, dict) and data.get("kind") == SCALE_KIND and isinstance(data.get("rows"), list):
             for r in data["rows"]:
-                if not isinstance(r, dict) or any(k not in r for k in ROW_FIELDS if k != "source"):
+                if not isinstance(r, dict) or any(k not in r for k in ROW_FIELDS if k not in _LATER_FIELDS):
                     raise JobInputError(
-                        f"{str(path)!r}: a row of this scale JSON lacks fields; each needs {', '.join(ROW_FIELDS)}"
+                        f"{str(path)!r}: a row of this scale JSON lacks fields; each needs "
+                        f"{', '.join(k for k in ROW_FIELDS if k not in _LATER_FIELDS)}"
                     )
-                rows.append({**r, "source": r.get("source") or path.name})
+                rows.append({"expected_s": None, **r, "source": r.get("source") or path.name})
             continue
         try:
             result = Result.model_validate(data)

@@ -17,7 +17,17 @@ if TYPE_CHECKING:
     from .spec import Job
     from .workloads.base import TileRecord, Workload
 
-__all__ = ["Allocator", "Recovery", "Result", "Startup", "allocator_cell", "build_result", "print_result"]
+__all__ = [
+    "Allocator",
+    "Expected",
+    "Recovery",
+    "Result",
+    "Startup",
+    "allocator_cell",
+    "build_result",
+    "estimate_cell",
+    "print_result",
+]
 
 
 class Throughput(BaseModel):
@@ -105,6 +115,15 @@ class Phase(BaseModel):
     gbps: float | None  # bytes over seconds
 
 
+class Expected(BaseModel):
+    """The plan's estimate of its tiles' time (:mod:`mgpu.client.estimate`), made before
+    they ran: what ``measures`` (``compute_s``) is set against. Start-up is not in it."""
+
+    seconds: float
+    basis: str
+    measures: str = "compute_s"
+
+
 class Recovery(BaseModel):
     lost_workers: list[str] = []  # addresses of workers that left the cluster during the job
     recomputed_tiles: list[int] = []  # tiles resubmitted to other workers because theirs was lost
@@ -133,6 +152,7 @@ class Result(BaseModel):
     startup: Startup | None = None
     pcie: Pcie | None = None
     phases: dict[str, Phase] = {}
+    estimate: Expected | None = None  # absent from results written before it was recorded
 
 
 def build_result(
@@ -255,6 +275,7 @@ def build_result(
         startup=startup,
         pcie=pcie,
         phases=_phases(records),
+        estimate=Expected(**plan.notes["estimate"]) if "estimate" in plan.notes else None,
     )
 
 
@@ -348,6 +369,8 @@ def print_result(result: Result, console: Console) -> None:
             f"{result.throughput.unit} ({result.roofline.basis})",
         )
     table.add_row("compute / wall", f"{result.compute_s:.3f} s / {result.wall_s:.3f} s")
+    if result.estimate:
+        table.add_row("estimate", estimate_cell(result))
     if result.phases:
         table.add_row(
             "phases",
@@ -416,6 +439,16 @@ def print_result(result: Result, console: Console) -> None:
             allocator_cell(d.allocator),
         )
     console.print(devices)
+
+
+def estimate_cell(result: Result) -> str:
+    """The estimate against what it estimates: "0.215 s of tiles, took 0.232 s (1.08x)"."""
+    e = result.estimate
+    if e is None:
+        return "n/a"
+    took = getattr(result, e.measures, result.compute_s)
+    ratio = f" ({took / e.seconds:.2f}x)" if e.seconds > 0 else ""
+    return f"{e.seconds:.3g} s of tiles, took {took:.3g} s{ratio}"
 
 
 def _moved(nbytes: int, gbps: float | None, overlap: float | None) -> str:

@@ -33,11 +33,13 @@ __all__ = [
     "all_groups",
     "cache_key",
     "ceiling_units",
+    "ceilings_at_once",
     "ceilings_for",
     "groups_missing",
     "measure_ceilings",
     "median_seconds",
     "read_cache",
+    "shared_key",
     "software",
     "write_cache",
 ]
@@ -171,7 +173,7 @@ def _cache_path() -> Path:
 
 
 # Bump when measure_ceilings measures something new, so older cached entries are redone.
-_MEASURES = 3
+_MEASURES = 4
 
 
 def cache_key(facts: DeviceFacts, versions: dict[str, str]) -> str:
@@ -244,6 +246,66 @@ def ceilings_for(
             cache[key] = {**({} if refresh else cache.get(key, {})), **fut.result()}
         write_cache(cache)
     return {addr: cache[key] for addr, key in keys.items()}
+
+
+def shared_key(key: str, workers: int) -> str:
+    """The cache's key of the ceilings of one of ``workers`` CPU workers of a host, measured
+    while all of them measure at once (a device's own ``key`` holds them measured alone)."""
+    return f"{key}|{workers} at once"
+
+
+def cpu_hosts(devices: dict[str, DeviceFacts]) -> dict[str, list[str]]:
+    """The addresses of the CPU workers of each host that has more than one."""
+    hosts: dict[str, list[str]] = {}
+    for addr, f in devices.items():
+        if f.backend == "cpu":
+            hosts.setdefault(f.host, []).append(addr)
+    return {host: addrs for host, addrs in hosts.items() if len(addrs) > 1}
+
+
+def combine_at_once(measured: Sequence[dict[str, float]]) -> dict[str, float]:
+    """One figure per ceiling from the workers that measured at once: the slowest's (the
+    job's static tiles wait for it)."""
+    names = set.intersection(*(set(m) for m in measured)) if measured else set()
+    return {name: min(m[name] for m in measured) for name in sorted(names)}
+
+
+def ceilings_at_once(
+    client: Any,
+    devices: dict[str, DeviceFacts],
+    alone: dict[str, dict[str, float]],
+    workloads: Sequence[str] | None = None,
+) -> dict[str, dict[str, float]]:
+    """The ceilings a job's tiles run at when every worker works (address -> {name: rate}),
+    for its estimate: ``alone`` (from :func:`ceilings_for`) for GPUs, which share nothing
+    a ceiling measures; for CPU workers of one host, which share its cores, caches and
+    memory, the rates measured on all of them at once (cached as :func:`shared_key`)."""
+    hosts = cpu_hosts(devices)
+    if not hosts:
+        return alone
+    groups = all_groups(workloads)
+    cache = read_cache()
+    versions = client.run(software)
+    out = dict(alone)
+    for addrs in hosts.values():
+        key = shared_key(cache_key(devices[addrs[0]], versions.get(addrs[0], {})), len(addrs))
+        todo = groups_missing(cache.get(key, {}), groups)
+        if todo:
+            futures = [
+                client.submit(
+                    measure_ceilings,
+                    todo,
+                    key=f"roofline-at-once-{i}",
+                    workers=[addr],
+                    allow_other_workers=False,
+                    pure=False,
+                )
+                for i, addr in enumerate(addrs)
+            ]
+            cache[key] = {**cache.get(key, {}), **combine_at_once(client.gather(futures))}
+            write_cache(cache)
+        out.update({addr: cache[key] for addr in addrs})
+    return out
 
 
 def all_groups(workloads: Sequence[str] | None = None) -> list[str]:

@@ -36,13 +36,18 @@ __all__ = ["DryRun", "Estimate", "as_json", "describe", "dry_run", "estimate", "
 
 @dataclass(frozen=True)
 class Estimate:
-    """The tiles' expected time, and what it rests on."""
+    """The tiles' expected time, and what it rests on.
+
+    The time a Result's ``compute_s`` measures: from the first tile's start to the last
+    one's end. The cluster's start-up, the ceilings and the warm-up (a Result's
+    ``startup``), and the outputs' commit, which ``wall_s`` adds, are not in it.
+    """
 
     seconds: float
     basis: str
 
     def describe(self) -> str:
-        return f"expected {_duration(self.seconds)} of tiles ({self.basis})"
+        return f"expected {_duration(self.seconds)} of tiles, start-up not included ({self.basis})"
 
 
 def _duration(s: float) -> str:
@@ -55,11 +60,15 @@ def _duration(s: float) -> str:
     return f"{s / 86400:.3g} days"
 
 
-def estimate(workload: Workload, plan: Plan, ceilings: dict[str, dict[str, float]]) -> Estimate | None:
+def estimate(
+    workload: Workload, plan: Plan, ceilings: dict[str, dict[str, float]], *, at_once: bool = False
+) -> Estimate | None:
     """The plan's expected time on devices with these ceilings (address -> {name: rate}).
 
     Every device at the slowest one's rates (static tiles wait for the slowest). None
     where the workload cannot say its work or a device has no figure for its ceiling.
+    ``at_once``: the rates were measured with every worker of a host busy, as the tiles
+    run (see :func:`mgpu.roofline.ceilings_at_once`); the basis says so.
     """
     if not ceilings:
         return None
@@ -71,7 +80,8 @@ def estimate(workload: Workload, plan: Plan, ceilings: dict[str, dict[str, float
         return None
     work = workload.expected_work(plan)
     amount = f"{work / workload.unit_scale:.4g} {workload.unit.split('/')[0]} " if work else ""
-    basis = f"{amount}at {len(ceilings)} x {rates[key]:.4g} {workload.unit} ({key})"
+    measured = ", measured on every worker at once" if at_once else ""
+    basis = f"{amount}at {len(ceilings)} x {rates[key]:.4g} {workload.unit} ({key}{measured})"
     host = workload.host_bytes()
     pcie = [c.get("h2d_pinned") for c in ceilings.values()]
     if host and all(pcie):
@@ -121,8 +131,9 @@ def dry_run(jobs: Sequence[Job]) -> list[DryRun]:
     budget = budget_for(resolved.memory_limit, devices)
     plans = [plan_job(p, devices, budget, slots=True, spill=resolved.spill == "managed") for p in prepared]
     ceilings, source = local_ceilings(devices)
+    at_once = bool(roofline.cpu_hosts(devices))
     return [
-        DryRun(p.job, devices, plan, estimate(p.workload, plan, ceilings), source)
+        DryRun(p.job, devices, plan, estimate(p.workload, plan, ceilings, at_once=at_once), source)
         for p, plan in zip(prepared, plans, strict=True)
     ]
 
@@ -135,7 +146,8 @@ def _expected(resolved: ResolvedCluster) -> dict[str, DeviceFacts]:
 
 
 def local_ceilings(devices: dict[str, DeviceFacts]) -> tuple[dict[str, dict[str, float]], str]:
-    """Each device's ceilings from the cache, or on CPUs measured now; and where they came from.
+    """Each device's ceilings as its tiles would run (see :func:`mgpu.roofline.ceilings_at_once`),
+    from the cache, or on CPUs measured now; and where they came from.
 
     The cache is keyed as the workers key it (:mod:`mgpu.roofline`), with this process's
     software versions standing for theirs.
@@ -145,34 +157,70 @@ def local_ceilings(devices: dict[str, DeviceFacts]) -> tuple[dict[str, dict[str,
     # A workload with no ceilings of its own (dot's is the device's copy) has none to measure.
     groups = [g for g in roofline.all_groups() if g == "device" or get_workload_class(g).ceiling_units]
     keys = {addr: roofline.cache_key(f, versions) for addr, f in devices.items()}
-    missing = sorted({g for k in keys.values() for g in roofline.groups_missing(cache.get(k, {}), groups)})
-    if not missing:
+    at_once = dict.fromkeys(keys.values(), 1)  # each key's figures: measured by this many at once
+    for addrs in roofline.cpu_hosts(devices).values():
+        shared = roofline.shared_key(keys[addrs[0]], len(addrs))
+        keys.update(dict.fromkeys(addrs, shared))
+        at_once[shared] = len(addrs)
+    missing = {k: roofline.groups_missing(cache.get(k, {}), groups) for k in set(keys.values())}
+    if not any(missing.values()):
         return {addr: cache[k] for addr, k in keys.items()}, "cached"
     if all(f.backend == "cpu" for f in devices.values()):
-        measured = _calibrate_cpu(missing)
-        for key in set(keys.values()):
-            cache[key] = {**cache.get(key, {}), **measured}
+        for key, todo in missing.items():
+            if todo:
+                cache[key] = {**cache.get(key, {}), **_calibrate_cpu(todo, at_once[key])}
         roofline.write_cache(cache)
         return {addr: cache[k] for addr, k in keys.items()}, "measured now"
     return {addr: cache[k] for addr, k in keys.items() if k in cache}, "not measured yet (mgpu info --calibrate)"
 
 
+# Each process reports when imported and measures when told to, so all measure at once.
 _CALIBRATE = """
 import json, sys
 from mgpu.runtime import _cpu_device
 from mgpu.roofline import measure_ceilings
-print(json.dumps(measure_ceilings(sys.argv[1:], _cpu_device(None))))
+dev = _cpu_device(None)
+print("ready", flush=True)
+sys.stdin.readline()
+print(json.dumps(measure_ceilings(sys.argv[1:], dev)), flush=True)
 """
 
 
-def _calibrate_cpu(groups: list[str]) -> dict[str, float]:
-    """A CPU worker's ceilings, measured in a process with a worker's environment (BLAS
-    on one thread, as Dask's nanny sets it), so the figures are a worker's."""
+def _calibrate_cpu(groups: list[str], workers: int = 1) -> dict[str, float]:
+    """A CPU worker's ceilings, measured in ``workers`` processes at once, each with a
+    worker's environment (BLAS on one thread, Dask's malloc settings, as its nanny sets
+    them), so the figures are a worker's among that many (the slowest's)."""
     env = {**os.environ, **{k: str(v) for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()}}
-    out = subprocess.run(
-        [sys.executable, "-c", _CALIBRATE, *groups], env=env, capture_output=True, text=True, check=True
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CALIBRATE, *groups],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(workers)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"the ceilings' calibration did not start: {proc.communicate()[1].strip()}")
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        outs = [proc.communicate() for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for proc, (_, err) in zip(procs, outs, strict=True):
+        if proc.returncode:
+            raise RuntimeError(f"the ceilings' calibration failed: {err.strip()}")
+    return roofline.combine_at_once([json.loads(out.strip().splitlines()[-1]) for out, _ in outs])
 
 
 def describe(run: DryRun) -> list[str]:

@@ -25,7 +25,7 @@ from ..cluster import (
 from ..errors import JobFailed
 from ..memory import stats as alloc_stats
 from ..results import Recovery, Result, Startup
-from ..roofline import ceilings_for
+from ..roofline import ceilings_at_once, ceilings_for
 from ..security import check_tls
 from ..sources import check_output_room
 from ..spec import Job, check_one_cluster
@@ -125,9 +125,10 @@ def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, clu
     marks = [time.perf_counter()]  # start, ceilings, plan, warm-up, first tile
     try:
         ceilings = ceilings_for(info.client, info.devices, [job.workload])
+        busy = ceilings_at_once(info.client, info.devices, ceilings, [job.workload])  # the estimate's
         marks.append(time.perf_counter())
         plan = plan_job(p, info.devices, info.budget(), slots=info.slots, spill=info.spills)
-        expected = estimate(workload, plan, ceilings)
+        expected = estimate(workload, plan, busy, at_once=busy is not ceilings)
         if expected is not None:
             plan.notes["estimate"] = {"seconds": expected.seconds, "basis": expected.basis}
         marks.append(time.perf_counter())

@@ -74,11 +74,14 @@ class Dot(Workload[DotParams]):
         return 2.0 * p.n * np.dtype(p.dtype).itemsize  # x and y read once
 
     def expected_seconds(self, plan: Plan, rates: dict[str, float], devices: int) -> float | None:
-        # x and y read at the copy rate, made first where they are random.
+        # x and y read at the copy rate, made first where they are random; on a CPU the
+        # check is a float64 pass of its own over them (a GPU's is fused into the making).
         seconds = super().expected_seconds(plan, rates, devices)
         p = self.params
         if seconds is not None and p.input == "random" and rates.get("random"):
             seconds += 2 * p.n / (rates["random"] * 1e9) / devices
+        if seconds is not None and self.verify and plan.notes.get("check_pass") and rates.get("check"):
+            seconds += p.n / (rates["check"] * 1e9) / devices
         return seconds
 
     def naive_host_bytes(self, plan: Plan) -> int | None:
@@ -120,7 +123,8 @@ class Dot(Workload[DotParams]):
         owners = assign_contiguous(len(bounds), workers)
         tiles = [Tile(i, {"n": b}, owners[i]) for i, b in enumerate(bounds)]
         longest = max(hi - lo for lo, hi in bounds)
-        return Plan(tiles, "static", {"n": longest}, chunk_bytes(longest), budget)
+        cpu = any(f.backend == "cpu" for f in devices.values())
+        return Plan(tiles, "static", {"n": longest}, chunk_bytes(longest), budget, notes={"check_pass": cpu})
 
     @staticmethod
     def scratch(devices: dict[str, DeviceFacts], n: int) -> int:

@@ -13,7 +13,7 @@ import numpy as np
 
 from ...kernels import is_cupy
 
-__all__ = ["mandelbrot_axes", "mandelbrot_counts", "mandelbrot_scratch"]
+__all__ = ["mandelbrot_axes", "mandelbrot_counts", "mandelbrot_points", "mandelbrot_scratch"]
 
 
 def mandelbrot_axes(
@@ -24,9 +24,19 @@ def mandelbrot_axes(
     Computed in float64 on the host and rounded once, so both backends iterate from the
     same c.
     """
+    return mandelbrot_points(
+        width=width, height=height, bounds=bounds, rows=np.arange(rows[0], rows[1]), cols=np.arange(width), dtype=dtype
+    )
+
+
+def mandelbrot_points(
+    *, width: int, height: int, bounds: tuple[float, float, float, float], rows: Any, cols: Any, dtype: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """x of the columns ``cols`` and y of the rows ``rows`` (integer arrays), as
+    :func:`mandelbrot_axes` gives them: the points of a sample, in memory of its size."""
     xmin, xmax, ymin, ymax = bounds
-    j = np.arange(width, dtype=np.float64)
-    i = np.arange(rows[0], rows[1], dtype=np.float64)
+    j = np.asarray(cols, dtype=np.float64)
+    i = np.asarray(rows, dtype=np.float64)
     x = xmin + (j + 0.5) * ((xmax - xmin) / width)
     y = ymax - (i + 0.5) * ((ymax - ymin) / height)
     return x.astype(dtype), y.astype(dtype)

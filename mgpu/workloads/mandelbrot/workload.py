@@ -19,7 +19,7 @@ from ...sizes import format_bytes
 from ...sources import NpySink, check_output_path
 from ...tiles import TileContext, run_tile
 from ..base import TileRecord, Workload
-from .kernels import mandelbrot_axes, mandelbrot_counts, mandelbrot_scratch
+from .kernels import mandelbrot_axes, mandelbrot_counts, mandelbrot_points, mandelbrot_scratch
 
 __all__ = ["Mandelbrot", "MandelbrotParams", "render_png", "row_costs"]
 
@@ -40,8 +40,11 @@ _PIXEL_STEPS = 26
 _TALLEST_BAND = 2
 # Row costs are estimated for at most this many groups of rows (see plan()).
 _COST_GROUPS = 1 << 16
-# The square image and steps that measure the ceilings (side, max_iter), per backend.
-_CEILING_SIZE = {"cuda": (8192, 1000), "cpu": (128, 200)}
+# The square image and steps that measure the ceilings (side, max_iter), per backend. On a
+# CPU at least one whole piece of the kernel (MANDELBROT_PIECE pixels): a piece's
+# temporaries then take the allocator's path a band's do (with Dask's
+# MALLOC_TRIM_THRESHOLD_ a fresh mapping each, which halves the rate of 128 x 128).
+_CEILING_SIZE = {"cuda": (8192, 1000), "cpu": (256, 200)}
 
 
 @dataclass
@@ -251,15 +254,19 @@ class Mandelbrot(Workload[MandelbrotParams]):
         return dev.cache.get("mandelbrot-axes", key, make)
 
     def reference(self, plan: Plan) -> dict[int, np.ndarray]:
-        """NumPy counts of every tile's sampled pixels, in one pass over all of them."""
+        """NumPy counts of every tile's sampled pixels, in one pass over all of them.
+
+        Only the sampled points are made: what this holds grows with the tiles (at most
+        MAX_TILES x 2 x _CHECK_COLUMNS counts), not with the image's width or height.
+        """
         p = self.params
         samples = {t.index: _sample(t, p.width)[0] for t in plan.tiles}
         rows = sorted({r for rs in samples.values() for r in rs})
         cols = np.arange(0, p.width, _sample(plan.tiles[0], p.width)[1]) if plan.tiles else np.arange(0)
-        x, y = mandelbrot_axes(
-            width=p.width, height=p.height, bounds=(p.xmin, p.xmax, p.ymin, p.ymax), rows=(0, p.height), dtype=p.dtype
+        x, y = mandelbrot_points(
+            width=p.width, height=p.height, bounds=(p.xmin, p.xmax, p.ymin, p.ymax), rows=rows, cols=cols, dtype=p.dtype
         )
-        counts = mandelbrot_counts(np, x[cols], y[rows], p.max_iter)
+        counts = mandelbrot_counts(np, x, y, p.max_iter)
         where = {r: i for i, r in enumerate(rows)}
         return {index: counts[[where[r] for r in rs]] for index, rs in samples.items()}
 
