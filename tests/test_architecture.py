@@ -18,10 +18,6 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mgpu"
 
-# KvikIO's thread pool and settings are one per process (mgpu.io's docstring): the lock
-# over them and the settings last applied are the process's too.
-PROCESS_WIDE = {("io.py", "_LOCK"), ("io.py", "_APPLIED")}
-
 _CONSTANT = re.compile(r"^_?[A-Z][A-Z0-9_]*$")
 # Made at import, these are state under any name.
 _STATEFUL = {
@@ -170,7 +166,7 @@ def module_state(source: str) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: p.relative_to(PACKAGE).as_posix())
 def test_no_mutable_state_at_module_level(path):
     where = path.relative_to(PACKAGE).as_posix()
-    found = [f"{name} ({why})" for name, why in module_state(path.read_text()) if (where, name) not in PROCESS_WIDE]
+    found = [f"{name} ({why})" for name, why in module_state(path.read_text())]
     assert not found, f"mgpu/{where} keeps state at module level; a worker's belongs in its runtime: {found}"
 
 

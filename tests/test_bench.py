@@ -84,7 +84,10 @@ def test_suite_runs_every_job_against_its_roofline(tmp_path):
     for name, r in by_name.items():
         assert rows[name]["throughput"] == r["throughput"]["value"] and rows[name]["unit"] == r["throughput"]["unit"]
         assert rows[name]["roofline_fraction"] == r["roofline"]["fraction"]
-    assert "matmul-float32" in res.stderr and "share of roofline" in res.stderr
+        # What submit expected of the tiles, beside what they took.
+        assert rows[name]["expected_s"] == r["estimate"]["seconds"] > 0
+        assert rows[name]["measured_over_expected"] == pytest.approx(r["compute_s"] / r["estimate"]["seconds"])
+    assert "matmul-float32" in res.stderr and "share of roofline" in res.stderr and "took / expected" in res.stderr
     assert record["alternatives"] == {}
 
 

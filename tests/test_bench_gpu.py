@@ -44,7 +44,7 @@ def test_peers_on_one_gpu(tmp_path):
 def test_outofcore_on_one_gpu(tmp_path):
     record = _record(tmp_path / "out", "outofcore", "--devices", "1", "--scratch", str(tmp_path))
     matmul = record["runs"][0]
-    assert matmul["name"] == "outofcore-matmul-streamed"
+    assert matmul["name"] == "outofcore-matmul-1024-streamed"
     assert matmul["result"]["pcie"]["bytes"] > 0
     assert record["alternatives"]["cublasxt"]["1"]["status"] == "ok"
     assert matmul["vs"]["speedup"] > 0

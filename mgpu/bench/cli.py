@@ -120,12 +120,13 @@ def _run(name: str, module: ModuleType, params: dict[str, Any], extra: dict[str,
 def _print_summary(body: dict[str, Any], console: Console) -> None:
     rows = body.get("summary") or []
     if rows:
-        table = Table("job", "devices", "throughput", "share of roofline", "efficiency", "runs ok")
+        table = Table("job", "devices", "throughput", "share of roofline", "efficiency", "took / expected", "runs ok")
         for r in rows:
             thr = f"{r['throughput']:.4g} {r['unit']}" if r["throughput"] is not None else "failed"
             share = f"{r['roofline_fraction']:.1%}" if r.get("roofline_fraction") else "n/a"
             eff = f"{r['efficiency']:.0%}" if r.get("efficiency") else ""
-            table.add_row(r["name"], str(r["devices"]), thr, share, eff, f"{r['ok']}/{r['runs']}")
+            took = f"{r['measured_over_expected']:.2f}x" if r.get("measured_over_expected") else ""
+            table.add_row(r["name"], str(r["devices"]), thr, share, eff, took, f"{r['ok']}/{r['runs']}")
         console.print(table)
     for row in body.get("comparison") or []:
         console.print(

@@ -256,6 +256,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ok = [e["result"] for e in entries if e.get("result") and e["result"]["status"] == "ok"]
         values = [r["throughput"]["value"] for r in ok]
         fractions = [r["roofline"]["fraction"] for r in ok if r.get("roofline") and r["roofline"].get("fraction")]
+        expected = [r["estimate"]["seconds"] for r in ok if (r.get("estimate") or {}).get("seconds")]
         rows.append(
             {
                 "name": name,
@@ -269,6 +270,13 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "roofline_fraction": statistics.median(fractions) if fractions else None,
                 "roofline_basis": (ok[0].get("roofline") or {}).get("basis") if ok else None,
                 "compute_s": statistics.median(r["compute_s"] for r in ok) if ok else None,
+                # What submit expected of the tiles' time, and the time they took over it.
+                "expected_s": statistics.median(expected) if expected else None,
+                "measured_over_expected": statistics.median(
+                    r["compute_s"] / e for r, e in zip(ok, expected, strict=True)
+                )
+                if expected and len(expected) == len(ok)
+                else None,
                 "job_s": statistics.median(job_seconds(r) for r in ok) if ok else None,
             }
         )
