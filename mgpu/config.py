@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args
 import dask.config
 import yaml
 from dask.utils import parse_bytes, parse_timedelta
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from .errors import JobInputError
 
@@ -70,18 +70,12 @@ class Io(_Section):
     threads: int = 16
     task_size: int = 8 << 20
 
-    @field_validator("read", mode="before")
+    @field_validator("read", "write", mode="before")
     @classmethod
-    def _read(cls, value: Any) -> Any:
-        if value not in READ_METHODS:
-            raise ValueError(f"{value!r} is not one of {', '.join(READ_METHODS)}")
-        return value
-
-    @field_validator("write", mode="before")
-    @classmethod
-    def _write(cls, value: Any) -> Any:
-        if value not in WRITE_METHODS:
-            raise ValueError(f"{value!r} is not one of {', '.join(WRITE_METHODS)}")
+    def _method(cls, value: Any, info: ValidationInfo) -> Any:
+        allowed = READ_METHODS if info.field_name == "read" else WRITE_METHODS
+        if value not in allowed:
+            raise ValueError(f"{value!r} is not one of {', '.join(allowed)}")
         return value
 
     @field_validator("threads", mode="before")

@@ -138,6 +138,7 @@ BAD = [
     ("transfer.host-threads", 0, "mgpu.transfer.host-threads: 0 is not a positive whole number or auto"),
     ("transfer.host-threads", None, "mgpu.transfer.host-threads: None is not a positive whole number or auto"),
     ("io.read", "mapped", "mgpu.io.read: 'mapped' is not one of auto, kvikio, mmap"),
+    ("io.write", "pwrite", "mgpu.io.write: 'pwrite' is not one of mmap, kvikio"),
     ("io.threads", 0, "mgpu.io.threads: 0 is not a positive whole number"),
     ("io.task-size", "big", "mgpu.io.task-size: 'big' is not a positive number of bytes"),
     ("transfer.read", "pread", "mgpu.transfer.read: mgpu has no such setting; it has mgpu.transfer.chunk-bytes,"),
