@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import math
-import mmap
 import os
 import resource
 import uuid
@@ -344,7 +343,13 @@ class NpySink:
             return
         try:
             # The tile's rows only: a map of the whole file could exceed the address space.
-            mm = _map_rows(self.partial, self.offset + r0 * row_bytes, (r1 - r0, *self.shape[1:]), self.dtype)
+            mm = np.memmap(
+                self.partial,
+                dtype=self.dtype,
+                mode="r+",
+                offset=self.offset + r0 * row_bytes,
+                shape=(r1 - r0, *self.shape[1:]),
+            )
         except FileNotFoundError:
             # Gone only once the job was given up (failed or stopped) while this tile
             # still ran: there is nothing left to write into.
@@ -385,23 +390,6 @@ class NpySink:
             os.unlink(self.partial)
         except FileNotFoundError:
             pass
-
-
-def _map_rows(path: str, offset: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    """A writable map of ``shape`` elements of ``path`` from byte ``offset``, its pages mapped
-    when it is made (``MAP_POPULATE``, on Linux): the copies into it then fault no page in,
-    one at a time (writing C of 4 GiB into tmpfs through a plain map ran at 5-7 GB/s)."""
-    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-    start = offset - offset % mmap.ALLOCATIONGRANULARITY
-    with open(path, "r+b") as f:
-        mm = mmap.mmap(
-            f.fileno(),
-            offset + nbytes - start,
-            flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-            prot=mmap.PROT_READ | mmap.PROT_WRITE,
-            offset=start,
-        )
-    return np.ndarray(shape, dtype=dtype, buffer=mm, offset=offset - start)
 
 
 def _whole_rows(index: tuple[slice, ...], shape: tuple[int, ...]) -> bool:
