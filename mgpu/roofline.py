@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import statistics
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -291,11 +292,12 @@ def ceilings_at_once(
         key = shared_key(cache_key(devices[addrs[0]], versions.get(addrs[0], {})), len(addrs))
         todo = groups_missing(cache.get(key, {}), groups)
         if todo:
+            run = uuid.uuid4().hex[:8]  # a key of its own: another client's measure may be under way
             futures = [
                 client.submit(
                     measure_ceilings,
                     todo,
-                    key=f"roofline-at-once-{i}",
+                    key=f"roofline-at-once-{run}-{i}",
                     workers=[addr],
                     allow_other_workers=False,
                     pure=False,

@@ -148,3 +148,25 @@ def test_fetches_from_a_gpu_wait_for_the_stream_before_they_copy(monkeypatch):
     dev = Device("cuda", fake, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"), new_stream=lambda: stream)
     assert dev.to_host(_OnDevice(log, np.ones(4))).sum() == 4 and dev.bytes_d2h == 32
     assert log == ["wait for the stream", "copy"]
+
+
+@pytest.mark.parametrize("operands", ["per-tile", "streamed"])
+def test_a_product_of_same_signed_operands_passes_its_check_by_a_wide_margin(tmp_path, operands):
+    # Operands in [0, 1): C's entries all share a sign. With a check vector of both signs,
+    # A·(B·r) cancelled down to the scale of sum(r) and a correct product came within a
+    # few times of the tolerance, past it for some draws.
+    from mgpu.device import Device, DeviceFacts
+    from mgpu.tiles import run_tile
+    from mgpu.workloads.matmul import Matmul, MatmulParams
+
+    rng = np.random.default_rng(0)
+    for name, shape in (("a", (256, 1024)), ("b", (1024, 256))):
+        np.save(tmp_path / f"{name}.npy", rng.random(shape, dtype=np.float32))
+    files = {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")}
+    dev = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h"))
+    job = Matmul(MatmulParams(input=files, operands=operands))
+    for tile in job.plan({"w": dev.facts}, 1 << 30, {}).tiles:
+        record = run_tile(job, dev, tile)
+        assert record.verify_ok is True and record.verify_error < job.tolerance() / 20, record.verify_error
+        bad = run_tile(job, dev, tile, hook=lambda workload, t, answer: workload.spoil(answer))
+        assert bad.verify_ok is False

@@ -8,7 +8,24 @@ import numpy as np
 
 from ..kernels import to_host
 
-__all__ = ["relative_residual", "unit_roundoff"]
+__all__ = ["freivalds_vector", "relative_residual", "unit_roundoff"]
+
+
+def freivalds_vector(dev: Any, seed: int, n: int, cols: tuple[int, int]) -> Any:
+    """Elements ``cols`` of a product's check vector ``r`` (length ``n``, float64 on ``dev``):
+    the job's random operand 2, moved into [0.5, 1.5). The same under any tiling.
+
+    No element is near 0, so a wrong element of C moves C·r by at least half its error;
+    and all are positive, so A·(B·r) does not cancel where C's entries share a sign
+    (operands in [0, 1) left max|A·(B·r)| at the scale of sum(r), which can be near 0,
+    and a correct product failed its check at random).
+    """
+    from ..sources import RandomSource
+
+    r = RandomSource(seed, 2, (n,), "float64").read(dev, cols)
+    r *= 0.5  # in place: the check's working set holds one vector
+    r += 1.0
+    return r
 
 
 def relative_residual(xp: Any, got: Any, want: Any) -> float:

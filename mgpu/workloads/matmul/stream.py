@@ -38,6 +38,7 @@ from ...kernels import matvec_f64
 from ...planner import Plan, Tile, assign_contiguous, split, split_by_size
 from ...sizes import format_bytes
 from ...sources import NpySource
+from ..checks import freivalds_vector
 
 __all__ = [
     "Schedule",
@@ -289,9 +290,7 @@ def run(workload: Any, ctx: Any, tile: Tile) -> dict[str, Any]:
         a_bufs = [xp.empty(panel_rows * kb, dtype=p.dtype) for _ in range(2)]
         b_bufs = [xp.empty((kb, n), dtype=p.dtype) for _ in range(s.b_slots)]
         if ctx.verify:
-            from ...sources import RandomSource
-
-            r = RandomSource(p.seed, 2, (n,), "float64").read(dev, (0, n))
+            r = freivalds_vector(dev, p.seed, n, (0, n))
             br = xp.zeros(p.k, dtype=xp.float64)
             abr = xp.zeros(rows, dtype=xp.float64)
             cr = xp.zeros(rows, dtype=xp.float64)

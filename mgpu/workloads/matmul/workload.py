@@ -20,10 +20,10 @@ from ...panels import PanelRef, copy_rows, enable_all_peers, open_remote, peer_o
 from ...planner import Panel, Plan, Tile, assign_contiguous, check_tile_count, split, split_by_size
 from ...roofline import median_seconds
 from ...sizes import format_bytes
-from ...sources import NpySink, RandomSource, check_output_path
+from ...sources import NpySink, check_output_path
 from ...tiles import TileContext, run_tile
 from ..base import Workload
-from ..checks import relative_residual, unit_roundoff
+from ..checks import freivalds_vector, relative_residual, unit_roundoff
 from . import stream
 from .planning import choose_matmul_tiles, cpu_working_set, matmul_working_set
 
@@ -326,7 +326,7 @@ class Matmul(Workload[MatmulParams]):
         src_a, src_b = self.sources()
         r = abr = None
         if ctx.verify:  # Freivalds: one random vector per output column, the same under any tiling
-            r = RandomSource(p.seed, 2, (p.n,), "float64").read(dev, (c0, c1))
+            r = freivalds_vector(dev, p.seed, p.n, (c0, c1))
             abr = xp.zeros(r1 - r0, dtype=xp.float64)
         c = None
         with _tf32(dev, p.precision == "tf32"):
@@ -360,7 +360,7 @@ class Matmul(Workload[MatmulParams]):
         peer = peer_ordinal(ref_b) if b is None and dev.is_gpu else None
         if b is None and peer is None:  # no peer path (other node, CPU): this worker makes B_j itself
             b = src_b.read(dev, (0, p.k), (c0, c1))
-        r = RandomSource(p.seed, 2, (p.n,), "float64").read(dev, (c0, c1)) if ctx.verify else None
+        r = freivalds_vector(dev, p.seed, p.n, (c0, c1)) if ctx.verify else None
         ctx.mark("inputs")
         with _tf32(dev, p.precision == "tf32"):
             if b is not None:
@@ -438,7 +438,7 @@ class Matmul(Workload[MatmulParams]):
         got = matvec_f64(xp, answer.c, answer.r)
         want = answer.abr if answer.abr is not None else matvec_f64(xp, answer.a, answer.br)
         error = relative_residual(xp, got, want)
-        return error, error <= self.tolerance()
+        return error, bool(error <= self.tolerance())
 
     def store(self, ctx: TileContext, tile: Tile, answer: _Product | _Streamed) -> bool:
         if "c" not in self.sinks:
