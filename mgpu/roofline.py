@@ -52,7 +52,7 @@ DEVICE_CEILINGS = {
     "d2h_pinned": "GB/s",
     "peer": "GB/s",
     # A tile's work besides its main kernel: making random operands (mgpu's generator) and
-    # the checks' float64 matrix-vector products; on CPUs most of a matmul tile's time.
+    # the checks' float64 matrix-vector products; on CPUs most of a small product tile's time.
     "random": "Gelem/s",
     "check": "Gelem/s",
 }
