@@ -21,16 +21,16 @@ import psutil
 from distributed import Client, LocalCluster
 
 from . import config
-from .device import DeviceFacts, address_space_room
 from .errors import JobInputError
 from .info import visible_gpu_count
 from .memory import AllocatorChoice, rmm_options
 from .memory.stats import AllocatorStats
-from .plugins import SettingsSetup
-from .runtime import RuntimeSetup
 from .signals import WORKER_PRELOAD, deferred
 from .sizes import resolve_size
 from .spec import ClusterSpec
+from .worker.device import DeviceFacts, address_space_room
+from .worker.plugins import SettingsSetup
+from .worker.runtime import RuntimeSetup
 
 __all__ = [
     "ClusterInfo",
@@ -302,7 +302,7 @@ def _start_cpu(rc: ResolvedCluster) -> LocalCluster:
 
 
 def _describe(dask_worker: Any = None) -> DeviceFacts:
-    from .device import current
+    from .worker.device import current
 
     return current(dask_worker).facts
 

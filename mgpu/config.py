@@ -4,7 +4,7 @@
 Dask when mgpu is imported (as ``distributed.yaml`` is); ``mgpu-schema.yaml`` says what each
 key may hold. :func:`load` reads and checks them: the client calls it once before a cluster
 starts (a bad value is a :class:`~mgpu.errors.JobInputError` naming the key, exit 2), and
-:class:`~mgpu.plugins.SettingsSetup` hands the checked values to every worker, so a worker
+:class:`~mgpu.worker.plugins.SettingsSetup` hands the checked values to every worker, so a worker
 of a cluster mgpu joins runs with the client's settings. Modules ask :func:`load`, never
 Dask, for a key.
 """
@@ -63,7 +63,7 @@ def _positive_bytes(value: Any, example: str) -> int:
 
 
 class Io(_Section):
-    """``mgpu.io``: how GPU workers read ``.npy`` inputs and write outputs (KvikIO, see :mod:`mgpu.io`)."""
+    """``mgpu.io``: how GPU workers read ``.npy`` inputs and write outputs (KvikIO, see :mod:`mgpu.worker.io`)."""
 
     read: ReadMethod = "auto"
     write: WriteMethod = "mmap"

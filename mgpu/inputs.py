@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from .sources import NpyInfo, NpySource, RandomSource, inspect_npy
+from .worker.sources import NpyInfo, NpySource, RandomSource, inspect_npy
 
 __all__ = ["InputParams", "Operand"]
 

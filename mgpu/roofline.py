@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import config, kernels
-from .device import Device, current
+from . import config
+from .worker import kernels
+from .worker.device import Device, current
 
 if TYPE_CHECKING:
-    from .device import DeviceFacts
+    from .worker.device import DeviceFacts
 
 __all__ = [
     "DEVICE_CEILINGS",
@@ -143,7 +144,7 @@ def _transfer_rates(dev: Device, nbytes: int) -> dict[str, float]:
     import cupy
     import cupyx
 
-    from .panels import enable_peer_access
+    from .worker.panels import enable_peer_access
 
     out: dict[str, float] = {}
     stream = dev.stream

@@ -1,5 +1,5 @@
 """Worker plugins that reach into every tile's answer before its check (see
-mgpu.tiles.run_tile's ``hook``): one spoils a tile, for the tests that prove every
+mgpu.worker.tile.run_tile's ``hook``): one spoils a tile, for the tests that prove every
 workload's check fails a job; and one that holds every tile, for the tests that stop a job mid-way."""
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ import pytest
 from rich.console import Console
 
 from mgpu.cluster import ClusterInfo, ResolvedCluster
-from mgpu.device import DeviceFacts
 from mgpu.memory.stats import (
     Counts,
     RmmTracker,
@@ -24,6 +23,7 @@ from mgpu.memory.stats import (
 from mgpu.planner import Plan, Tile
 from mgpu.results import Allocator, Result, allocator_cell, build_result, print_result
 from mgpu.spec import validate_job
+from mgpu.worker.device import DeviceFacts
 from mgpu.workloads import get_workload_class
 from mgpu.workloads.base import TileRecord
 

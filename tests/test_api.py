@@ -12,7 +12,7 @@ from distributed import Client
 
 import mgpu
 import mgpu.client.run
-from mgpu import kernels
+from mgpu.worker import kernels
 
 
 def _dot_want(n: int, seed: int, dtype: str = "float32") -> float:

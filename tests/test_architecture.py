@@ -1,5 +1,5 @@
 """No mutable state at module level under mgpu/: what a worker keeps lives in its runtime
-(:mod:`mgpu.runtime`), made at setup and freed at teardown, so two workers in one process
+(:mod:`mgpu.worker.runtime`), made at setup and freed at teardown, so two workers in one process
 share nothing and a worker that closes leaves nothing behind.
 
 A module may hold constant tables: a container bound to an ALL_CAPS name (or one annotated

@@ -90,7 +90,7 @@ def test_the_defaults_are_the_settings_of_an_empty_configuration():
 
 
 def _is_code(dotted: str) -> bool:
-    """Whether ``mgpu.a.b`` names a module or something in one (mgpu.transfer.load), not a key."""
+    """Whether ``mgpu.a.b`` names a module or something in one (mgpu.worker.transfer.load), not a key."""
     parts = dotted.split(".")
     for i in range(len(parts), 0, -1):
         try:

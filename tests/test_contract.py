@@ -18,9 +18,9 @@ from conftest import invoke, start_local_cluster, write_job
 from distributed import Client
 from faults import SpoilTile
 
-from mgpu.device import DeviceFacts
 from mgpu.roofline import ceiling_units
 from mgpu.spec import validate_job
+from mgpu.worker.device import DeviceFacts
 from mgpu.workloads import get_workload_class, workload_names
 from mgpu.workloads.base import Workload
 

@@ -15,9 +15,9 @@ from rich.console import Console
 
 from mgpu import roofline
 from mgpu.client import estimate as estimate_mod
-from mgpu.device import DeviceFacts
 from mgpu.report import load_rows
 from mgpu.results import Result, print_result
+from mgpu.worker.device import DeviceFacts
 from mgpu.workloads.dot import Dot, DotParams
 from mgpu.workloads.mandelbrot import Mandelbrot, MandelbrotParams
 from mgpu.workloads.mandelbrot import workload as mandelbrot_workload

@@ -16,9 +16,9 @@ pytest.importorskip("dask_cuda")
 
 from conftest import gpu_count  # noqa: E402
 
-from mgpu import kernels  # noqa: E402
 from mgpu.client.run import run_job  # noqa: E402
 from mgpu.spec import validate_job  # noqa: E402
+from mgpu.worker import kernels  # noqa: E402
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -177,7 +177,7 @@ def test_tf32_is_really_used(tmp_path):
 
 
 def test_tf32_reaches_the_gemm_that_accumulates_k_blocks():
-    from mgpu.runtime import _cuda_device
+    from mgpu.worker.runtime import _cuda_device
     from mgpu.workloads.matmul.workload import _gemm_accumulate, _tf32
 
     dev = _cuda_device()
@@ -301,9 +301,9 @@ def test_cupy_allocations_reach_the_statistics_adaptor():
     import rmm
     from rmm.allocators.cupy import rmm_cupy_allocator
 
-    from mgpu import device as _device
     from mgpu.memory.stats import AllocatorStats
-    from mgpu.runtime import Runtime, RuntimeSetup
+    from mgpu.worker import device as _device
+    from mgpu.worker.runtime import Runtime, RuntimeSetup
 
     old_mr, old_alloc = rmm.mr.get_current_device_resource(), cupy.cuda.get_allocator()
     try:
@@ -407,7 +407,7 @@ def test_bench_alloc_reports_every_allocator_and_the_fallback_path_falls_back(tm
 def test_in_order_work_runs_on_one_shared_stream_between_each_threads_own_work():
     import threading
 
-    from mgpu.device import Device, DeviceFacts
+    from mgpu.worker.device import Device, DeviceFacts
 
     dev = Device(
         "cuda", cupy, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"), new_stream=lambda: cupy.cuda.Stream(non_blocking=True)
@@ -481,7 +481,7 @@ def check_wait_behind_next_band(dev) -> tuple[float, float]:
 
 
 def test_a_bands_check_runs_as_its_kernel_ends_not_after_the_bands_queued_behind_it():
-    from mgpu.runtime import _cuda_device
+    from mgpu.worker.runtime import _cuda_device
 
     dev = _cuda_device()
     dev.synchronize()
@@ -492,8 +492,8 @@ def test_a_bands_check_runs_as_its_kernel_ends_not_after_the_bands_queued_behind
 
 
 def test_staged_copies_round_trip_strided_blocks_through_a_small_ring():
-    from mgpu import transfer
-    from mgpu.device import Device, DeviceFacts
+    from mgpu.worker import transfer
+    from mgpu.worker.device import Device, DeviceFacts
 
     dev = Device(
         "cuda", cupy, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"), new_stream=lambda: cupy.cuda.Stream(non_blocking=True)
@@ -518,8 +518,8 @@ def test_npy_blocks_reach_the_gpu_by_kvikio_and_through_the_map(tmp_path):
     import dask.config
 
     pytest.importorskip("kvikio")
-    from mgpu.device import Device, DeviceFacts
-    from mgpu.sources import NpySource, inspect_npy
+    from mgpu.worker.device import Device, DeviceFacts
+    from mgpu.worker.sources import NpySource, inspect_npy
 
     dev = Device(
         "cuda", cupy, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"), new_stream=lambda: cupy.cuda.Stream(non_blocking=True)
@@ -593,8 +593,8 @@ def test_streamed_matmul_from_files_on_one_gpu(tmp_path, limit):
 
 def test_a_dot_from_files_is_reduced_piece_by_piece_as_kvikio_reads(tmp_path, monkeypatch):
     pytest.importorskip("kvikio")
-    from mgpu.device import Device, DeviceFacts
     from mgpu.planner import Tile
+    from mgpu.worker.device import Device, DeviceFacts
     from mgpu.workloads import dot
     from mgpu.workloads.dot import Dot, DotParams
 
@@ -608,7 +608,7 @@ def test_a_dot_from_files_is_reduced_piece_by_piece_as_kvikio_reads(tmp_path, mo
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", y)
     job = Dot(DotParams(input={"x": str(tmp_path / "x.npy"), "y": str(tmp_path / "y.npy")}))
-    from mgpu.tiles import run_tile
+    from mgpu.worker.tile import run_tile
 
     record = run_tile(job, dev, Tile(0, {"n": (5, n)}))
     want = float(np.dot(x[5:].astype(np.float64), y[5:].astype(np.float64)))
@@ -638,7 +638,7 @@ def test_closing_the_runtime_frees_its_pinned_buffers_panels_and_cache():
     import gc
     import weakref
 
-    from mgpu.runtime import Runtime, _cuda_device
+    from mgpu.worker.runtime import Runtime, _cuda_device
 
     rt = Runtime(_cuda_device())
     staging = rt.device.staging
@@ -656,7 +656,7 @@ def test_closing_the_runtime_frees_its_pinned_buffers_panels_and_cache():
 
 
 def _runtime_ids(dask_worker=None):
-    from mgpu.runtime import current
+    from mgpu.worker.runtime import current
 
     rt = current(dask_worker)
     return id(rt), rt.device.facts.id, rt.device.is_gpu
@@ -667,7 +667,7 @@ def test_each_gpu_worker_has_its_own_runtime():
     from dask_cuda import LocalCUDACluster
     from distributed import Client
 
-    from mgpu.runtime import RuntimeSetup
+    from mgpu.worker.runtime import RuntimeSetup
 
     with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", dashboard_address=None) as cluster, Client(cluster) as client:
         client.register_plugin(RuntimeSetup("cuda"))

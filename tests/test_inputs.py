@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from pydantic import Field, ValidationError
 
-from mgpu import inputs, sources
+from mgpu import inputs
 from mgpu.inputs import InputParams, Operand
-from mgpu.sources import NpySource, RandomSource
+from mgpu.worker import sources
+from mgpu.worker.sources import NpySource, RandomSource
 
 
 class ChainParams(InputParams):

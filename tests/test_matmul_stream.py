@@ -117,8 +117,8 @@ def test_streamed_matmul_from_files_to_a_file(tmp_path, scheduler, monkeypatch, 
 
 
 def test_a_corrupted_streamed_product_fails_its_check(tmp_path, monkeypatch):
-    from mgpu.device import Device, DeviceFacts
-    from mgpu.tiles import run_tile
+    from mgpu.worker.device import Device, DeviceFacts
+    from mgpu.worker.tile import run_tile
     from mgpu.workloads.matmul import Matmul, MatmulParams
 
     monkeypatch.setattr(ms, "BLOCK_ROWS", 16)
@@ -141,7 +141,7 @@ def test_streamed_with_tiling_is_refused(tmp_path, scheduler):
 
 
 def test_streamed_random_inputs_match_numpy(tmp_path, scheduler):
-    from mgpu import kernels
+    from mgpu.worker import kernels
 
     m, k, n = 90, 70, 50
     out = tmp_path / "c.npy"

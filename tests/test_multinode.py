@@ -20,7 +20,7 @@ from conftest import wait_for, write_job
 from dask_procs import start_proc_cluster, wait_until_processing, worker_by_name
 from faults import SlowTiles
 
-from mgpu import kernels
+from mgpu.worker import kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -25,9 +25,9 @@ import pytest
 import slow_mgpu
 from conftest import invoke, write_job
 
-from mgpu.device import DeviceFacts
 from mgpu.errors import JobInputError
 from mgpu.planner import MAX_TILES
+from mgpu.worker.device import DeviceFacts
 from mgpu.workloads.dot import Dot, DotParams
 from mgpu.workloads.mandelbrot import Mandelbrot, MandelbrotParams
 from mgpu.workloads.matmul import Matmul, MatmulParams

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import yaml
 
-from mgpu.device import DeviceFacts
 from mgpu.errors import JobInputError
 from mgpu.planner import (
     Plan,
@@ -22,6 +21,7 @@ from mgpu.planner import (
     split_by_cost,
     split_by_size,
 )
+from mgpu.worker.device import DeviceFacts
 from mgpu.workloads.dot import Dot, DotParams
 from mgpu.workloads.mandelbrot import Mandelbrot, MandelbrotParams, mandelbrot_axes, mandelbrot_counts, row_costs
 from mgpu.workloads.matmul import Matmul, MatmulParams, choose_matmul_tiles, cpu_working_set, matmul_working_set

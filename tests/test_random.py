@@ -7,9 +7,9 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from mgpu import kernels
-from mgpu.device import Device, DeviceFacts
-from mgpu.sources import RandomSource
+from mgpu.worker import kernels
+from mgpu.worker.device import Device, DeviceFacts
+from mgpu.worker.sources import RandomSource
 
 DTYPES = ["float16", "float32", "float64"]
 MANTISSA_BITS = {"float16": 11, "float32": 24, "float64": 53}

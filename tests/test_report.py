@@ -176,5 +176,5 @@ def test_making_a_report_imports_neither_the_client_nor_distributed(results, tmp
     loaded = set(json.loads(proc.stdout.splitlines()[-1]))
     assert "mgpu.report" in loaded and "mgpu.plots" in loaded  # the report was made
     assert (tmp_path / "REPORT.md").exists()
-    heavy = ("distributed", "mgpu.client", "mgpu.cluster", "mgpu.scale", "mgpu.plugins", "dask_cuda")
+    heavy = ("distributed", "mgpu.client", "mgpu.cluster", "mgpu.scale", "mgpu.worker.plugins", "dask_cuda")
     assert sorted(m for m in loaded if m.split(".")[0] in heavy or m.startswith(heavy)) == []

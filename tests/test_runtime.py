@@ -13,8 +13,8 @@ import pytest
 from distributed import Client, LocalCluster
 
 import mgpu
-from mgpu import runtime
-from mgpu.device import current as current_device
+from mgpu.worker import runtime
+from mgpu.worker.device import current as current_device
 
 
 @pytest.fixture(scope="module")

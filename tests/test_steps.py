@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from mgpu import runtime, tiles
 from mgpu.client.submit import run_plan
 from mgpu.cluster import open_cluster, resolve_cluster
 from mgpu.errors import JobFailed
-from mgpu.exchange import PeerBuffers
 from mgpu.planner import Plan, Tile, assign_contiguous
 from mgpu.spec import ClusterSpec
+from mgpu.worker import runtime
+from mgpu.worker import tile as routine
+from mgpu.worker.exchange import PeerBuffers
 from mgpu.workloads.base import Workload
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers need not import the tests
@@ -91,16 +92,16 @@ def _relay(n: int, steps: int) -> np.ndarray:
 
 
 def test_steps_in_one_process_keep_state_and_pass_what_neighbours_sent():
-    from mgpu.device import Device, DeviceFacts
+    from mgpu.worker.device import Device, DeviceFacts
 
     dev = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h"))
     wl = Relay(RelayParams(tiles=3, steps=3))
     plan = wl.plan({"w": None}, 1 << 20, {})
-    steps = tiles.StepStore()
-    last: dict[int, tiles.Sent] = {}
+    steps = routine.StepStore()
+    last: dict[int, routine.Sent] = {}
     for step in range(plan.steps):
         last = {
-            t.index: tiles.step_tile(
+            t.index: routine.step_tile(
                 wl,
                 dev,
                 t,
@@ -114,17 +115,17 @@ def test_steps_in_one_process_keep_state_and_pass_what_neighbours_sent():
             for t in plan.tiles
         }
     assert steps.held() == 3
-    records = [tiles.run_tile(wl, dev, t, token="tok", stepped=last[t.index], steps=steps) for t in plan.tiles]
+    records = [routine.run_tile(wl, dev, t, token="tok", stepped=last[t.index], steps=steps) for t in plan.tiles]
     assert [r.value for r in records] == list(_relay(3, 3))
     assert records[1].extra["seen"] == [(0, []), (1, [0, 2]), (2, [0, 2])]
     assert all(r.work == 3.0 and r.verify_ok for r in records)
     assert steps.held() == 0 and steps.release("tok") == 0  # each tile's state went with its end
     with pytest.raises(RuntimeError, match="state is not on this worker"):
-        tiles.run_tile(wl, dev, plan.tiles[0], token="tok", stepped=last[0], steps=steps)
+        routine.run_tile(wl, dev, plan.tiles[0], token="tok", stepped=last[0], steps=steps)
 
 
 def test_release_drops_one_jobs_stepped_tiles_only():
-    steps = tiles.StepStore()
+    steps = routine.StepStore()
     kept: Any = {key: object() for key in [("a", 0), ("a", 1), ("b", 0)]}  # stand for tiles' contexts
     for (token, index), ctx in kept.items():
         steps.keep(token, index, ctx)

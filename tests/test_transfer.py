@@ -1,5 +1,5 @@
 """Out-of-core pieces on the CPU: chunking and host copies, .npy reads and writes through
-mgpu.transfer, the PCIe byte counts and the bound of jobs whose data is on the host, and a
+mgpu.worker.transfer, the PCIe byte counts and the bound of jobs whose data is on the host, and a
 distributed matmul from files to a file on real CPU workers."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import pytest
 from conftest import submit_json, write_job
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from mgpu import transfer
-from mgpu.device import Device, DeviceFacts
 from mgpu.planner import Tile
 from mgpu.results import Throughput, _roofline
-from mgpu.sources import NpyInfo, NpySink, NpySource
+from mgpu.worker import transfer
+from mgpu.worker.device import Device, DeviceFacts
+from mgpu.worker.sources import NpyInfo, NpySink, NpySource
 from mgpu.workloads.matmul import Matmul, MatmulParams
 
 
@@ -403,7 +403,7 @@ def _stand_in_kvikio(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, in
     with os.pread, and records (path, offset, bytes) of each read."""
     import os
 
-    from mgpu import io
+    from mgpu.worker import io
 
     reads: list[tuple[str, int, int]] = []
     real = io.read
@@ -436,7 +436,7 @@ _BLOCKS = [
 def test_whole_rows_go_by_kvikio_and_column_blocks_through_the_map(
     monkeypatch, tmp_path, shape, dtype, rows, cols, by_kvikio
 ):
-    from mgpu.sources import inspect_npy
+    from mgpu.worker.sources import inspect_npy
 
     dev, stream = _stand_in_gpu(monkeypatch, 3)
     reads = _stand_in_kvikio(monkeypatch)
@@ -459,7 +459,7 @@ def test_whole_rows_go_by_kvikio_and_column_blocks_through_the_map(
 def test_a_kvikio_read_waits_for_the_work_already_on_the_stream(monkeypatch, tmp_path):
     # KvikIO copies on streams of its own: a staged copy still queued into the same memory
     # must land first, or it would overwrite what KvikIO read.
-    from mgpu.sources import inspect_npy
+    from mgpu.worker.sources import inspect_npy
 
     dev, stream = _stand_in_gpu(monkeypatch, 2)
     _stand_in_kvikio(monkeypatch)
@@ -474,7 +474,7 @@ def test_a_kvikio_read_waits_for_the_work_already_on_the_stream(monkeypatch, tmp
 
 @pytest.mark.parametrize("layout", ["fortran", "big-endian"])
 def test_a_file_whose_bytes_are_not_the_array_is_read_through_the_map(monkeypatch, tmp_path, layout):
-    from mgpu.sources import inspect_npy
+    from mgpu.worker.sources import inspect_npy
 
     dev, stream = _stand_in_gpu(monkeypatch, 3)
     reads = _stand_in_kvikio(monkeypatch)
@@ -491,7 +491,7 @@ def test_a_file_whose_bytes_are_not_the_array_is_read_through_the_map(monkeypatc
 def test_a_truncated_file_raises_an_error_naming_it(monkeypatch, tmp_path):
     import os
 
-    from mgpu.sources import InputChanged, inspect_npy
+    from mgpu.worker.sources import InputChanged, inspect_npy
 
     dev, _ = _stand_in_gpu(monkeypatch, 2)
     _stand_in_kvikio(monkeypatch)
@@ -509,7 +509,7 @@ def test_a_truncated_file_raises_an_error_naming_it(monkeypatch, tmp_path):
 
 
 def test_kvikio_reads_whole_rows_only(monkeypatch, tmp_path):
-    from mgpu.sources import inspect_npy
+    from mgpu.worker.sources import inspect_npy
 
     dev, _ = _stand_in_gpu(monkeypatch, 2)
     _npy(tmp_path / "a.npy", (40, 30), "float32")
@@ -596,7 +596,7 @@ def _stand_in_kvikio_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, 
     (path, offset, bytes) of each write."""
     import os
 
-    from mgpu import io
+    from mgpu.worker import io
 
     writes: list[tuple[str, int, int]] = []
 
@@ -616,7 +616,7 @@ def _stand_in_kvikio_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, 
 
 @pytest.mark.parametrize("method", ["kvikio", "mmap"])
 def test_whole_rows_of_an_output_go_by_kvikio_and_column_blocks_through_the_map(monkeypatch, tmp_path, method):
-    from mgpu.sources import NpySink
+    from mgpu.worker.sources import NpySink
 
     dev, stream = _stand_in_gpu(monkeypatch, 2)
     writes = _stand_in_kvikio_writes(monkeypatch)
@@ -638,7 +638,7 @@ def test_whole_rows_of_an_output_go_by_kvikio_and_column_blocks_through_the_map(
 
 
 def test_an_output_written_by_kvikio_after_the_job_was_given_up_is_not_made_again(monkeypatch, tmp_path):
-    from mgpu.sources import NpySink
+    from mgpu.worker.sources import NpySink
 
     dev, _ = _stand_in_gpu(monkeypatch, 2)
     _stand_in_kvikio_writes(monkeypatch)
@@ -651,7 +651,7 @@ def test_an_output_written_by_kvikio_after_the_job_was_given_up_is_not_made_agai
 
 @pytest.mark.parametrize("method", ["kvikio", "mmap"])
 def test_npy_source_reads_the_file_on_a_cpu_either_way(tmp_path, method):
-    from mgpu.sources import inspect_npy
+    from mgpu.worker.sources import inspect_npy
 
     dev = _cpu_device()
     mat = _npy(tmp_path / "a.npy", (40, 30), "float32")
@@ -664,7 +664,7 @@ def test_npy_source_reads_the_file_on_a_cpu_either_way(tmp_path, method):
 
 
 def test_the_io_settings_default_and_a_bad_one_names_its_key(monkeypatch, tmp_path):
-    from mgpu import io
+    from mgpu.worker import io
 
     assert (io.read_method(), io.read_method(contiguous=False)) == ("kvikio", "mmap")
     assert (io.threads(), io.task_size()) == (16, 8 << 20)
@@ -679,7 +679,7 @@ def test_the_io_settings_default_and_a_bad_one_names_its_key(monkeypatch, tmp_pa
 
 
 def test_only_file_jobs_on_gpus_make_their_readers_ready_in_their_warm_up(monkeypatch, tmp_path):
-    from mgpu import io
+    from mgpu.worker import io
     from mgpu.workloads import dot
     from mgpu.workloads.dot import Dot, DotParams
     from mgpu.workloads.matmul import workload as matmul
@@ -772,7 +772,7 @@ def test_a_dot_from_files_on_a_gpu_reduces_each_piece_as_it_lands(monkeypatch, t
     job = Dot(DotParams(input={"x": str(tmp_path / "x.npy"), "y": str(tmp_path / "y.npy")}))
     seen = []
     monkeypatch.setattr(dot, "dot_f64", lambda xp, a, b: seen.append(len(a)) or float(np.dot(a.astype(float), b)))
-    from mgpu.tiles import run_tile
+    from mgpu.worker.tile import run_tile
 
     record = run_tile(job, dev, Tile(0, {"n": (1000, 9500)}))
     # Pieces of 4096 elements (x then y of each), all started at once, each reduced as it landed.
@@ -788,7 +788,7 @@ def test_a_dot_from_files_on_a_gpu_reduces_each_piece_as_it_lands(monkeypatch, t
 def test_reads_in_order_check_every_file_before_any_starts(monkeypatch, tmp_path):
     import os
 
-    from mgpu import io
+    from mgpu.worker import io
 
     started = _stand_in_kvikio_module(monkeypatch)
     _npy(tmp_path / "x.npy", (1000,), "float32")
@@ -805,7 +805,7 @@ def test_kvikio_is_set_from_the_io_settings_only_when_its_own_differ(monkeypatch
     import sys
     from types import SimpleNamespace
 
-    from mgpu import io
+    from mgpu.worker import io
 
     settings: dict[str, Any] = {"num_threads": 1, "task_size": 1 << 20}
     calls: list[dict[str, Any]] = []

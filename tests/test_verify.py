@@ -15,7 +15,7 @@ from conftest import invoke, start_local_cluster, write_job
 from distributed import Client
 from faults import SpoilTile
 
-from mgpu import kernels
+from mgpu.worker import kernels
 
 CORRUPT_TILE = 1
 
@@ -137,7 +137,7 @@ def test_fetches_from_a_gpu_wait_for_the_stream_before_they_copy(monkeypatch):
     # Mandelbrot bands were queued one at a time); the wait must come first, then the copy.
     import types
 
-    from mgpu.device import Device, DeviceFacts
+    from mgpu.worker.device import Device, DeviceFacts
 
     log: list[str] = []
     stream = _Stream(log)
@@ -155,8 +155,8 @@ def test_a_product_of_same_signed_operands_passes_its_check_by_a_wide_margin(tmp
     # Operands in [0, 1): C's entries all share a sign. With a check vector of both signs,
     # A·(B·r) cancelled down to the scale of sum(r) and a correct product came within a
     # few times of the tolerance, past it for some draws.
-    from mgpu.device import Device, DeviceFacts
-    from mgpu.tiles import run_tile
+    from mgpu.worker.device import Device, DeviceFacts
+    from mgpu.worker.tile import run_tile
     from mgpu.workloads.matmul import Matmul, MatmulParams
 
     rng = np.random.default_rng(0)

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mgpu.device import Device, DeviceFacts
-from mgpu.tiles import run_tile
+from mgpu.worker.device import Device, DeviceFacts
+from mgpu.worker.tile import run_tile
 from mgpu.workloads.base import Workload
 from mgpu.workloads.dot import Dot, DotParams
 from mgpu.workloads.mandelbrot import Mandelbrot, MandelbrotParams
@@ -61,7 +61,7 @@ def test_a_cpu_tile_allocates_what_its_plan_estimates(name):
 def test_the_random_generator_temporaries_are_bounded_whatever_the_block():
     import tracemalloc
 
-    from mgpu.kernels import random_block, random_scratch
+    from mgpu.worker.kernels import random_block, random_scratch
 
     rows, cols = 2048, 3000  # 6M elements: a uint64 temporary of the block would be 48 MB
     tracemalloc.start()
@@ -92,7 +92,7 @@ def test_a_gpu_tile_allocates_what_its_plan_estimates(name, capsys):
     rmm = pytest.importorskip("rmm")
     from rmm.allocators.cupy import rmm_cupy_allocator
 
-    from mgpu.runtime import _cuda_device
+    from mgpu.worker.runtime import _cuda_device
 
     make, tiling = GPU_CASES[name]
     old_mr, old_alloc = rmm.mr.get_current_device_resource(), cupy.cuda.get_allocator()

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from conftest import submit_json, write_job
 
-from mgpu import kernels
-from mgpu.device import Device, DeviceFacts
+from mgpu.worker import kernels
+from mgpu.worker.device import Device, DeviceFacts
 from mgpu.workloads.mandelbrot import Mandelbrot, MandelbrotParams
 
 
@@ -353,14 +353,14 @@ def test_mandelbrot_warmup_runs_a_small_band_the_way_the_job_does(monkeypatch, v
     """The warm-up is run_tile on a small band, checked when the job is: on a GPU the check's
     kernels then compile and load in the warm-up, not in the first real bands. It leaves the
     job's own axes on the device for the bands to slice."""
-    from mgpu import tiles
     from mgpu.planner import Tile
+    from mgpu.worker import tile as routine
     from mgpu.workloads.mandelbrot import workload as mandelbrot
 
     runs = []
 
     def spy(workload: Mandelbrot, dev: Device, tile: Any) -> Any:
-        record = tiles.run_tile(workload, dev, tile)
+        record = routine.run_tile(workload, dev, tile)
         runs.append((workload, dict(record.extra)))
         return record
 
@@ -383,7 +383,7 @@ def test_mandelbrot_bands_of_jobs_in_one_process_each_count_over_their_own_windo
     # A band slices the axes its worker keeps for the running job: the next job, with
     # another window or size, must not count over the last one's.
     from mgpu.planner import Tile
-    from mgpu.tiles import run_tile
+    from mgpu.worker.tile import run_tile
 
     dev = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "host"))
     for window, (width, height) in [(WINDOW, (64, 48)), ({**WINDOW, "ymin": -0.5}, (64, 48)), (WINDOW, (40, 30))]:
@@ -394,7 +394,7 @@ def test_mandelbrot_bands_of_jobs_in_one_process_each_count_over_their_own_windo
 
 
 def _panels_held(dask_worker: Any = None) -> int:
-    from mgpu.runtime import current
+    from mgpu.worker.runtime import current
 
     return current(dask_worker).panels.held()
 
@@ -470,7 +470,7 @@ def test_a_peers_panel_is_opened_once_a_job_and_closed_only_when_asked(monkeypat
     import sys
     from types import SimpleNamespace
 
-    from mgpu import panels
+    from mgpu.worker import panels
 
     calls: list[tuple[str, Any]] = []
     runtime = SimpleNamespace(
@@ -493,7 +493,7 @@ def test_a_peers_panel_is_opened_once_a_job_and_closed_only_when_asked(monkeypat
 
 
 def test_distributed_plan_places_tiles_with_their_panels():
-    from mgpu.device import DeviceFacts
+    from mgpu.worker.device import DeviceFacts
     from mgpu.workloads.matmul import Matmul, MatmulParams
 
     facts = {f"w{i}": DeviceFacts("cpu", i, "cpu", 1 << 30, 1 << 30, "h") for i in range(3)}

@@ -21,12 +21,12 @@ import dask.config
 
 from .. import config, roofline
 from ..cluster import ResolvedCluster, budget_for, expected_devices, resolve_cluster, scheduler_address
-from ..device import DeviceFacts
 from ..errors import JobInputError
 from ..planner import Plan
 from ..sizes import format_bytes
-from ..sources import check_output_room
 from ..spec import Job, check_one_cluster
+from ..worker.device import DeviceFacts
+from ..worker.sources import check_output_room
 from ..workloads import get_workload_class
 from ..workloads.base import Workload
 from .plan import check_outputs_distinct, plan_job, prepare
@@ -177,7 +177,7 @@ def local_ceilings(devices: dict[str, DeviceFacts]) -> tuple[dict[str, dict[str,
 # Each process reports when imported and measures when told to, so all measure at once.
 _CALIBRATE = """
 import json, sys
-from mgpu.runtime import _cpu_device
+from mgpu.worker.runtime import _cpu_device
 from mgpu.roofline import measure_ceilings
 dev = _cpu_device(None)
 print("ready", flush=True)

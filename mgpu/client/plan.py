@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..device import DeviceFacts
 from ..errors import JobInputError
 from ..planner import Plan, check_tiling_keys
 from ..spec import Job
+from ..worker.device import DeviceFacts
 from ..workloads import get_workload_class
 from ..workloads.base import Workload
 

@@ -27,8 +27,8 @@ from ..memory import stats as alloc_stats
 from ..results import Recovery, Result, Startup
 from ..roofline import ceilings_at_once, ceilings_for
 from ..security import check_tls
-from ..sources import check_output_room
 from ..spec import Job, check_one_cluster
+from ..worker.sources import check_output_room
 from ..workloads.base import TileRecord
 from .assemble import assemble, reference_beside
 from .estimate import estimate

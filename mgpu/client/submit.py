@@ -14,12 +14,12 @@ from typing import Any
 
 from distributed.comm import get_address_host
 
-from .. import exchange
-from ..panels import close_remotes
-from ..panels import release as release_panels
 from ..planner import Plan, Tile
 from ..results import Recovery
-from ..tasks import lost_stepped_tile, make_panel, release_steps, run_tile, step_tile, warmup
+from ..worker import exchange
+from ..worker.panels import close_remotes
+from ..worker.panels import release as release_panels
+from ..worker.tasks import lost_stepped_tile, make_panel, release_steps, run_tile, step_tile, warmup
 from ..workloads.base import TileRecord, Workload
 from .recover import TileTracker
 
@@ -92,7 +92,7 @@ def submit_steps(
         now = {}
         for t in plan.tiles:
             remote = frozenset(n for n in t.neighbours if where[n] != where[t.index])
-            # Workers of one host: their GPUs may reach each other directly (mgpu.exchange).
+            # Workers of one host: their GPUs may reach each other directly (mgpu.worker.exchange).
             peers = frozenset(n for n in remote if get_address_host(where[n]) == get_address_host(where[t.index]))
             now[t.index] = client.submit(
                 step_tile,

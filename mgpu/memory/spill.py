@@ -14,7 +14,7 @@ from typing import Any
 
 from distributed import WorkerPlugin
 
-from .. import device as _device
+from ..worker import device as _device
 
 __all__ = ["ManagedFallback", "SpillToManaged"]
 

@@ -3,11 +3,11 @@
 A workload declares its parameters (a pydantic model; inputs through
 :class:`mgpu.inputs.InputParams`), plans a job into tiles (a :class:`~mgpu.planner.Plan`:
 pure data, each tile carrying what it needs in ``args``), computes one tile given a
-:class:`~mgpu.tiles.TileContext` (``run``), checks it (``check``), keeps its answer
+:class:`~mgpu.worker.tile.TileContext` (``run``), checks it (``check``), keeps its answer
 (``store``), combines the partial answers (``reduce``), and names and measures the
 ceiling that bounds it (``ceiling``, ``measure_ceilings``, ``ceiling_units``). The
 routine around a tile (timing, staging counters, spill accounting, the check, the
-record) is the core's: :func:`mgpu.tiles.run_tile`.
+record) is the core's: :func:`mgpu.worker.tile.run_tile`.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from ..device import Device, DeviceFacts
 from ..planner import Plan, Tile
-from ..sources import NpySink
+from ..worker.device import Device, DeviceFacts
+from ..worker.sources import NpySink
 
 if TYPE_CHECKING:
-    from ..tiles import TileContext
+    from ..worker.tile import TileContext
 
 __all__ = ["TileRecord", "Workload"]
 
@@ -43,9 +43,9 @@ class TileRecord:
     bytes_d2h: int = 0
     bytes_d2d: int = 0  # received from another GPU, peer to peer
     d2d_s: float = 0.0  # device time of those copies
-    h2d_s: float = 0.0  # device time of the staged host->device copies (see mgpu.transfer)
+    h2d_s: float = 0.0  # device time of the staged host->device copies (see mgpu.worker.transfer)
     d2h_s: float = 0.0
-    kind: str = "tile"  # "panel": the making of a panel the tiles read (see mgpu.panels)
+    kind: str = "tile"  # "panel": the making of a panel the tiles read (see mgpu.worker.panels)
     value: float | None = None
     spill_events: int = 0
     spill_bytes: int = 0
@@ -208,7 +208,7 @@ class Workload(ABC, Generic[P]):
         """``answer`` with one element changed, so that a correct check must fail it.
 
         Only the tests call it (through a worker plugin's ``on_answer``, see
-        :func:`mgpu.tiles.run_tile`), to prove that every workload's check catches a fault.
+        :func:`mgpu.worker.tile.run_tile`), to prove that every workload's check catches a fault.
         """
 
     # -- tiles that step (a plan with steps > 1) ------------------------------------

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels import to_host
+from ..worker.kernels import to_host
 
 __all__ = ["freivalds_vector", "relative_residual", "unit_roundoff"]
 
@@ -20,7 +20,7 @@ def freivalds_vector(dev: Any, seed: int, n: int, cols: tuple[int, int]) -> Any:
     (operands in [0, 1) left max|A·(B·r)| at the scale of sum(r), which can be near 0,
     and a correct product failed its check at random).
     """
-    from ..sources import RandomSource
+    from ..worker.sources import RandomSource
 
     r = RandomSource(seed, 2, (n,), "float64").read(dev, cols)
     r *= 0.5  # in place: the check's working set holds one vector

@@ -10,14 +10,14 @@ from typing import Any, Literal, cast
 import numpy as np
 from pydantic import Field
 
-from .. import io, kernels
-from ..device import Device, DeviceFacts
 from ..errors import JobInputError
 from ..inputs import InputParams, Operand
-from ..kernels import dot_check, dot_f64, random_pair_with_sums, to_host
 from ..planner import Plan, Tile, assign_contiguous, check_tile_count, split
 from ..sizes import format_bytes
-from ..tiles import TileContext, run_tile
+from ..worker import io, kernels
+from ..worker.device import Device, DeviceFacts
+from ..worker.kernels import dot_check, dot_f64, random_pair_with_sums, to_host
+from ..worker.tile import TileContext, run_tile
 from .base import TileRecord, Workload
 from .checks import unit_roundoff
 

@@ -21,13 +21,13 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from mgpu.device import Device, DeviceFacts
 from mgpu.errors import JobInputError
 from mgpu.inputs import InputParams, Operand
 from mgpu.planner import Plan, Tile, assign_contiguous, split, split_by_size
 from mgpu.sizes import format_bytes
-from mgpu.sources import NpySink, check_output_path
-from mgpu.tiles import TileContext
+from mgpu.worker.device import Device, DeviceFacts
+from mgpu.worker.sources import NpySink, check_output_path
+from mgpu.worker.tile import TileContext
 from mgpu.workloads.base import TileRecord, Workload
 
 from .kernels import jacobi_step, row_error

@@ -14,10 +14,10 @@ import yaml
 from distributed import LocalCluster
 from mgpu_stencil import Stencil, StencilParams, jacobi_step, sweep
 
-from mgpu.device import DeviceFacts
 from mgpu.errors import JobInputError
-from mgpu.kernels import random_block
 from mgpu.spec import validate_job
+from mgpu.worker.device import DeviceFacts
+from mgpu.worker.kernels import random_block
 from mgpu.workloads import get_workload_class, workload_names
 
 HERE = Path(__file__).resolve().parents[1]

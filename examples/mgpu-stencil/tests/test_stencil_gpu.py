@@ -14,8 +14,8 @@ from mgpu_stencil import jacobi_step, sweep  # noqa: E402
 from mgpu_stencil.kernels import _MAX_GRID_Y, CHUNK  # noqa: E402
 
 from mgpu.client.run import run_job  # noqa: E402
-from mgpu.kernels import random_block  # noqa: E402
 from mgpu.spec import validate_job  # noqa: E402
+from mgpu.worker.kernels import random_block  # noqa: E402
 
 
 def _gpus() -> int:

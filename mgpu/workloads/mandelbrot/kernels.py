@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ...kernels import is_cupy
+from ...worker.kernels import is_cupy
 
 __all__ = ["mandelbrot_axes", "mandelbrot_counts", "mandelbrot_points", "mandelbrot_scratch"]
 

@@ -11,13 +11,13 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ...device import Device, DeviceFacts
 from ...errors import JobInputError
 from ...planner import Plan, Tile, check_tile_count, split_by_cost, split_by_size
 from ...roofline import median_seconds
 from ...sizes import format_bytes
-from ...sources import NpySink, check_output_path
-from ...tiles import TileContext, run_tile
+from ...worker.device import Device, DeviceFacts
+from ...worker.sources import NpySink, check_output_path
+from ...worker.tile import TileContext, run_tile
 from ..base import TileRecord, Workload
 from .kernels import mandelbrot_axes, mandelbrot_counts, mandelbrot_points, mandelbrot_scratch
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from ... import kernels
 from ...errors import JobInputError
 from ...sizes import format_bytes
+from ...worker import kernels
 
 __all__ = ["choose_matmul_tiles", "cpu_working_set", "matmul_working_set"]
 

@@ -15,7 +15,7 @@ panel ended with are still on the device for the next one.
 
 B's rows (``B[kblock, :]``) are contiguous in a C-ordered ``.npy``, so they come through
 KvikIO; A's blocks ``A[rows, kblock]`` are a range per row, copied from a memory map through
-the pinned stager (:mod:`mgpu.transfer`). The schedule is plain data made on the client
+the pinned stager (:mod:`mgpu.worker.transfer`). The schedule is plain data made on the client
 (:func:`steps`, from the :class:`Schedule` each tile carries in ``args``), the same
 for every device.
 """
@@ -32,12 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from ... import transfer
 from ...errors import JobInputError
-from ...kernels import matvec_f64
 from ...planner import Plan, Tile, assign_contiguous, split, split_by_size
 from ...sizes import format_bytes
-from ...sources import NpySource
+from ...worker import transfer
+from ...worker.kernels import matvec_f64
+from ...worker.sources import NpySource
 from ..checks import freivalds_vector
 
 __all__ = [
@@ -261,7 +261,7 @@ def run(workload: Any, ctx: Any, tile: Tile) -> dict[str, Any]:
     step that used it last has multiplied: an event) and a writer thread writes each
     finished band of C (once its products are done: an event); the task's thread enqueues
     the products in order. On a CPU the same steps run one after another.
-    The products are timed on ``ctx`` (:class:`~mgpu.tiles.TileContext`), the bytes the
+    The products are timed on ``ctx`` (:class:`~mgpu.worker.tile.TileContext`), the bytes the
     helper threads moved are counted for this task. Returns C·r and A·(B·r) (float64,
     None without a check) for Freivalds' check.
     """

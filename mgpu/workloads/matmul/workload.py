@@ -11,17 +11,17 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from ... import transfer
-from ...device import Device, DeviceFacts
 from ...errors import JobInputError
 from ...inputs import InputParams, Operand
-from ...kernels import matvec_f64, random_block
-from ...panels import PanelRef, copy_rows, enable_all_peers, open_remote, peer_ordinal, publish, resident
 from ...planner import Panel, Plan, Tile, assign_contiguous, check_tile_count, split, split_by_size
 from ...roofline import median_seconds
 from ...sizes import format_bytes
-from ...sources import NpySink, check_output_path
-from ...tiles import TileContext, run_tile
+from ...worker import transfer
+from ...worker.device import Device, DeviceFacts
+from ...worker.kernels import matvec_f64, random_block
+from ...worker.panels import PanelRef, copy_rows, enable_all_peers, open_remote, peer_ordinal, publish, resident
+from ...worker.sources import NpySink, check_output_path
+from ...worker.tile import TileContext, run_tile
 from ..base import Workload
 from ..checks import freivalds_vector, relative_residual, unit_roundoff
 from . import stream

@@ -27,9 +27,9 @@ from . import exchange
 from .device import Device, Timing
 
 if TYPE_CHECKING:
+    from ..planner import Panel, Tile
+    from ..workloads.base import TileRecord, Workload
     from .panels import PanelRef
-    from .planner import Panel, Tile
-    from .workloads.base import TileRecord, Workload
 
 __all__ = ["Sent", "StepStore", "TileContext", "make_panel", "new_record", "run_tile", "step_tile"]
 
@@ -45,7 +45,7 @@ class TileContext:
 
     ``dev`` offers the array module, this thread's streams (``stream``, ``copy_stream``,
     ``in_order``) and host<->device copies; ``panels`` maps the names in ``tile.needs`` to
-    the panels made for the job (:class:`~mgpu.panels.PanelRef`); ``record`` is the record
+    the panels made for the job (:class:`~mgpu.worker.panels.PanelRef`); ``record`` is the record
     being filled (``work``, ``value``, ``bytes_d2d``, ``extra`` are the workload's to set);
     ``token`` names the job's run on the workers.
     """
@@ -79,7 +79,7 @@ class TileContext:
 
 def new_record(dev: Device, tile: Tile, start: float, **kwargs: Any) -> TileRecord:
     """A record of ``tile`` begun at ``start`` on this worker (stop: now)."""
-    from .workloads.base import TileRecord
+    from ..workloads.base import TileRecord
 
     return TileRecord(
         index=tile.index,
@@ -194,7 +194,7 @@ def step_tile(
     ``finish_step``, and returns what the tile sends. Data for a neighbour in ``remote``
     (placed on another worker) leaves on the copy stream as soon as ``step`` has made it,
     while ``finish_step``'s work runs: device to device where that worker is in ``peers``
-    (a GPU of this host) and the GPUs reach each other (see :mod:`mgpu.exchange`), through
+    (a GPU of this host) and the GPUs reach each other (see :mod:`mgpu.worker.exchange`), through
     the host otherwise. The rest stays on the device, ordered by an event after the step.
     ``steps`` keeps the tile's context between its steps; ``buffers`` are the worker's of
     that exchange.
@@ -304,7 +304,7 @@ def run_tile(
 
 def make_panel(workload: Workload, dev: Device, panel: Panel, token: str) -> PanelRef:
     """Make ``panel`` on this worker; the reference returned carries the record of its making."""
-    from .planner import Tile
+    from ..planner import Tile
 
     start = time.time()
     fill = _counter(dev)

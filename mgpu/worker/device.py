@@ -1,6 +1,6 @@
 """What a task sees on its worker: the array module, its stream, a timer, memory facts.
 
-Each worker holds one :class:`Device`, in its runtime (:mod:`mgpu.runtime`), made when the
+Each worker holds one :class:`Device`, in its runtime (:mod:`mgpu.worker.runtime`), made when the
 worker starts and closed when it stops. Tasks call :func:`current` and write ``dev.xp``
 code that runs unchanged on NumPy (CPU workers) and CuPy (GPU workers); what only a GPU
 has (streams, events, host<->device copies) is behind methods that are no-ops or plain
@@ -101,7 +101,7 @@ class Device:
     Each thread gets its own non-blocking stream (made by ``new_stream``) and its own
     byte counters, so two tiles running at once on one GPU neither wait for each other's
     work nor count each other's copies. ``staging`` holds the host threads and pinned
-    buffers that large copies go through (:mod:`mgpu.transfer`); ``cache``, arrays a job
+    buffers that large copies go through (:mod:`mgpu.worker.transfer`); ``cache``, arrays a job
     keeps on the device between its tiles; ``extra``, references to what the memory
     plugins set up (the spill fallback, the allocator's statistics).
     """
@@ -265,7 +265,7 @@ class Device:
         """Copy a device array to the host (a no-op on the CPU), counting the bytes."""
         if not self.is_gpu:
             return np.asarray(arr)
-        with self.on_stream():  # the wait, then the copy: see mgpu.kernels.to_host
+        with self.on_stream():  # the wait, then the copy: see mgpu.worker.kernels.to_host
             out = kernels.to_host(self.xp, arr)
         self._count("d2h", out.nbytes)
         return out

@@ -10,10 +10,10 @@ dependencies order everything: a sender overwrites a buffer at its step s + 2 on
 the receivers' step s + 1 tasks, which copied from it, have returned.
 
 Where the GPUs cannot reach each other (another host, no peer access) the core fetches
-the array to the host instead (see :func:`mgpu.tiles.step_tile`).
+the array to the host instead (see :func:`mgpu.worker.tile.step_tile`).
 
 What a worker keeps (its buffers, the senders' buffers it opened) is its runtime's
-:class:`PeerBuffers` (:mod:`mgpu.runtime`); :func:`release` and :func:`free`, run on
+:class:`PeerBuffers` (:mod:`mgpu.worker.runtime`); :func:`release` and :func:`free`, run on
 every worker once a job ends, reach the buffers of the worker they run on.
 """
 
@@ -163,7 +163,7 @@ class PeerBuffers:
 def release(token: str, dask_worker: Any = None) -> int:
     """Close the senders' buffers this worker opened for one job (run on each worker once
     every tile has ended; the closing first, on every worker, as for panels:
-    :func:`mgpu.panels.close_remotes`)."""
+    :func:`mgpu.worker.panels.close_remotes`)."""
     return _buffers(dask_worker).release(token)
 
 

@@ -11,7 +11,7 @@ former pinned stager (a pread pool) read 37.2; pinned host-to-device copies run 
 
 KvikIO reads contiguous byte ranges only. A column block of a C-ordered file is one
 range per row, and read row by row KvikIO moved 1.9 GB/s: such blocks are copied from a
-memory map by :mod:`mgpu.transfer` instead (36 GB/s). The pool is one per process and
+memory map by :mod:`mgpu.worker.transfer` instead (36 GB/s). The pool is one per process and
 the CPU backend never imports KvikIO.
 
 Outputs are written through the pinned stager into a memory map of the file by default;
@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from . import config
+from .. import config
 
 __all__ = ["read", "read_in_order", "read_method", "task_size", "threads", "warm_up", "write", "write_method"]
 
@@ -47,7 +47,7 @@ def task_size() -> int:
 def read_method(contiguous: bool = True) -> str:
     """How a GPU worker reads a block of an ``.npy`` input: ``"kvikio"`` (the file's bytes
     straight into device memory) or ``"mmap"`` (copied from a memory map through pinned
-    buffers, :mod:`mgpu.transfer`).
+    buffers, :mod:`mgpu.worker.transfer`).
 
     ``mgpu.io.read`` picks one for every block, or ``"auto"`` (the default): KvikIO for a
     block that is contiguous in the file (whole rows, a range of a vector), the map for a

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import JobFailed, JobInputError
+from ..sizes import format_bytes
 from . import io, kernels, transfer
 from .device import Device
-from .errors import JobFailed, JobInputError
-from .sizes import format_bytes
 
 __all__ = [
     "FileStamp",
@@ -179,7 +179,7 @@ class NpySource:
 
     def kvikio_range(self, rows: tuple[int, int], cols: tuple[int, int] | None = None) -> tuple[int, int] | None:
         """``(offset, bytes)`` of the block in the file where a GPU reads it with KvikIO
-        (see :func:`mgpu.io.read_method`: the block is one range of the file and the file's
+        (see :func:`mgpu.worker.io.read_method`: the block is one range of the file and the file's
         bytes are the array's); else None."""
         self.info.check()  # a GPU's reads come here first: the file must be the one checked
         info = self.info
@@ -225,7 +225,7 @@ class NpySource:
         On a GPU, a block that is one range of the file is read by KvikIO, after a wait
         for this thread's stream (the last user of ``out``'s memory: KvikIO copies on
         streams of its own); any other block is copied from a memory map through pinned
-        buffers (:mod:`mgpu.transfer`), in order on the stream. On a CPU the copy from the
+        buffers (:mod:`mgpu.worker.transfer`), in order on the stream. On a CPU the copy from the
         map is all the read there is.
         """
         where = self.kvikio_range(rows, cols) if dev.is_gpu else None

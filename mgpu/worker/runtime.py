@@ -1,10 +1,10 @@
 """The worker runtime: what one worker keeps for its tasks, made when it starts, freed when it stops.
 
 One :class:`RuntimeSetup` worker plugin makes a :class:`Runtime` per worker: its
-:class:`~mgpu.device.Device` (array module, the task threads' streams, the host threads
+:class:`~mgpu.worker.device.Device` (array module, the task threads' streams, the host threads
 and pinned buffers of staged copies, arrays kept between tiles, references to what the
-memory plugins set up), its :class:`~mgpu.panels.PanelStore`, and what its stepped tiles
-keep between steps (:class:`~mgpu.tiles.StepStore`, :class:`~mgpu.exchange.PeerBuffers`).
+memory plugins set up), its :class:`~mgpu.worker.panels.PanelStore`, and what its stepped tiles
+keep between steps (:class:`~mgpu.worker.tile.StepStore`, :class:`~mgpu.worker.exchange.PeerBuffers`).
 Tasks, and functions run by ``Client.run``, reach it through the worker they run on
 (:func:`current`); two workers in one process have one each. The plugin's teardown (the
 worker closing, or the plugin removed) frees it.
@@ -26,7 +26,7 @@ from distributed import WorkerPlugin, get_worker
 from .device import Device, DeviceFacts, address_space_room
 from .exchange import PeerBuffers
 from .panels import PanelStore
-from .tiles import StepStore
+from .tile import StepStore
 
 __all__ = ["Runtime", "RuntimeSetup", "current"]
 

@@ -15,7 +15,7 @@ closing a mapping waits for the whole device, so a tile closing it would wait fo
 product of the tile beside it.
 
 What a worker keeps (its panels, the peers' panels it opened) is its runtime's
-:class:`PanelStore` (:mod:`mgpu.runtime`); the functions here reach the store of the
+:class:`PanelStore` (:mod:`mgpu.worker.runtime`); the functions here reach the store of the
 worker they run on.
 """
 

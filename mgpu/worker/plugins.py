@@ -1,6 +1,6 @@
 """The worker plugin that hands the client's ``mgpu.*`` settings to each worker.
 
-(The worker's device, streams, staging and panels are its runtime: :mod:`mgpu.runtime`.)
+(The worker's device, streams, staging and panels are its runtime: :mod:`mgpu.worker.runtime`.)
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import dask.config
 from distributed import WorkerPlugin
 
-from .config import Settings
+from ..config import Settings
 
 __all__ = ["SettingsSetup"]
 

@@ -1,8 +1,8 @@
 """What the client's tasks run on a worker: a workload's warm-up, a panel's making, a tile.
 
-The routine around a tile (timing, counters, the check, the record) is :mod:`mgpu.tiles`;
+The routine around a tile (timing, counters, the check, the record) is :mod:`mgpu.worker.tile`;
 these are the tasks' entry points, which find the worker's device and what its runtime
-keeps (:mod:`mgpu.runtime`).
+keeps (:mod:`mgpu.worker.runtime`).
 """
 
 from __future__ import annotations
@@ -11,21 +11,22 @@ from typing import Any
 
 from distributed import get_worker
 
+from ..planner import Panel, Tile
+from ..workloads.base import TileRecord, Workload
 from . import device as _device
-from . import runtime, tiles
+from . import runtime
+from . import tile as _tile
 from .panels import PanelRef
-from .planner import Panel, Tile
-from .workloads.base import TileRecord, Workload
 
 __all__ = ["lost_stepped_tile", "make_panel", "release_steps", "run_tile", "step_tile", "warmup"]
 
 
 def make_panel(workload: Workload, panel: Panel, token: str, after: PanelRef | None = None) -> PanelRef:
     """Make ``panel`` on this worker; ``after``, the worker's panel before it, only orders them."""
-    return tiles.make_panel(workload, _device.current(), panel, token)
+    return _tile.make_panel(workload, _device.current(), panel, token)
 
 
-def _answer_hook() -> tiles.AnswerHook | None:
+def _answer_hook() -> _tile.AnswerHook | None:
     """The ``on_answer`` of a worker plugin that has one (tests spoil a tile's answer
     through it to prove the checks, or hold it to stop a job mid-way); None in every job."""
     try:
@@ -41,12 +42,12 @@ def run_tile(
     tile: Tile,
     panels: dict[str, PanelRef] | None = None,
     token: str = "",
-    stepped: tiles.Sent | None = None,
+    stepped: _tile.Sent | None = None,
 ) -> TileRecord:
     """Compute ``tile`` on this worker's device and return its record (``stepped``: the
     tile's last step, for a stepped plan)."""
     rt = runtime.current()
-    return tiles.run_tile(
+    return _tile.run_tile(
         workload, rt.device, tile, panels, token=token, hook=_answer_hook(), stepped=stepped, steps=rt.steps
     )
 
@@ -56,14 +57,14 @@ def step_tile(
     tile: Tile,
     step: int,
     token: str,
-    previous: tiles.Sent | None,
-    received: list[tiles.Sent],
+    previous: _tile.Sent | None,
+    received: list[_tile.Sent],
     remote: frozenset[int],
     peers: frozenset[int],
-) -> tiles.Sent:
-    """Step ``step`` of a stepped tile on this worker's device (see :func:`mgpu.tiles.step_tile`)."""
+) -> _tile.Sent:
+    """Step ``step`` of a stepped tile on this worker's device (see :func:`mgpu.worker.tile.step_tile`)."""
     rt = runtime.current()
-    return tiles.step_tile(
+    return _tile.step_tile(
         workload, rt.device, tile, step, token, previous, received, remote, peers, steps=rt.steps, buffers=rt.exchange
     )
 

@@ -11,7 +11,7 @@ thread waits for another between chunks: with a barrier per chunk (every thread 
 a slice of one chunk, then all waiting for the DMA) a worker moved 12 GB/s, where the
 same threads copying on their own move 35-55.
 
-Whole rows of an ``.npy`` file go to a GPU through KvikIO instead (:mod:`mgpu.io`);
+Whole rows of an ``.npy`` file go to a GPU through KvikIO instead (:mod:`mgpu.worker.io`);
 what comes here from a file is a column block, copied from a memory map of it (36 GB/s
 into an H200, where KvikIO reading it row by row moved 1.9), and the output tiles that
 go back into an ``.npy``'s memory map.
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from . import config
+from .. import config
 
 __all__ = ["HostStaging", "Stager", "chunk_size", "load", "ready_buffers", "store"]
 
@@ -119,7 +119,7 @@ class _Buffers:
 class HostStaging:
     """One device's host copy threads and each thread's pinned buffers.
 
-    Made with its :class:`~mgpu.device.Device` (the worker runtime holds both); the threads
+    Made with its :class:`~mgpu.worker.device.Device` (the worker runtime holds both); the threads
     start, and each thread's buffers are allocated, on first use. Stores have threads of
     their own (:attr:`store_pool`): a load queued behind a long store (an output band
     written while the next band's blocks are read) would otherwise wait for all of it.
@@ -234,7 +234,7 @@ class Stager:
     Parameters
     ----------
     dev
-        The worker's :class:`~mgpu.device.Device`; bytes and DMA times are counted on it
+        The worker's :class:`~mgpu.worker.device.Device`; bytes and DMA times are counted on it
         (for the calling thread, as its tile's copies).
     chunk_bytes
         Bytes per chunk (one DMA; by default :func:`chunk_size`); every host thread keeps
