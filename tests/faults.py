@@ -43,9 +43,9 @@ class SlowTiles(WorkerPlugin):
         self._real: Any = None
 
     def setup(self, worker: Any = None) -> None:
-        import mgpu.tasks
+        import mgpu.worker.tasks
 
-        real = self._real = mgpu.tasks.run_tile
+        real = self._real = mgpu.worker.tasks.run_tile
         seconds = self.seconds
 
         @functools.wraps(real)
@@ -53,10 +53,10 @@ class SlowTiles(WorkerPlugin):
             time.sleep(seconds)
             return real(*args, **kwargs)
 
-        mgpu.tasks.run_tile = slow
+        mgpu.worker.tasks.run_tile = slow
 
     def teardown(self, worker: Any = None) -> None:
-        import mgpu.tasks
+        import mgpu.worker.tasks
 
         if self._real is not None:
-            mgpu.tasks.run_tile = self._real
+            mgpu.worker.tasks.run_tile = self._real
