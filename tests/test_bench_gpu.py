@@ -37,6 +37,8 @@ def test_peers_on_one_gpu(tmp_path):
     assert alts["cupy-1gpu"]["status"] == "ok", alts["cupy-1gpu"]
     assert {f["name"] for f in alts["cupy-1gpu"]["figures"]} == {"matmul", "matmul-tf32", "matmul-float64", "dot"}
     assert alts["cublasxt"]["1"]["status"] == "ok", alts["cublasxt"]
+    configs = [f["config"] for f in alts["cublasxt"]["1"]["figures"]]
+    assert configs == ["pinned", "pinned-block-16384", "pinned-block-4096", "pinning", "pageable"]  # no files
     assert alts["dask-array-tcp"]["1"]["status"] == "ok", alts["dask-array-tcp"]
     assert {r["alternative"] for r in record["comparison"]} == {"dask-array-tcp", "cupy-1gpu", "cublasxt"}
 
@@ -46,8 +48,16 @@ def test_outofcore_on_one_gpu(tmp_path):
     matmul = record["runs"][0]
     assert matmul["name"] == "outofcore-matmul-1024-streamed"
     assert matmul["result"]["pcie"]["bytes"] > 0
-    assert record["alternatives"]["cublasxt"]["1024/1"]["status"] == "ok"  # side / devices
-    assert matmul["vs"]["speedup"] > 0
+    xt = record["alternatives"]["cublasxt"]["1024/1"]  # side / devices
+    assert xt["status"] == "ok", xt
+    figures = {f["config"]: f for f in xt["figures"]}
+    assert set(figures) == {"pinned", "pinned-block-16384", "pinned-block-4096", "pinning", "pageable", "same-work"}
+    parts = figures["same-work"]["parts"]
+    assert figures["same-work"]["seconds"] == pytest.approx(sum(parts.values()))
+    assert set(matmul["vs"]) == set(figures) and all(v["speedup"] > 0 for v in matmul["vs"].values())
+    row = next(r for r in record["summary"] if r["name"] == matmul["name"])
+    assert set(row["vs_cublasxt"]) == set(figures)
+    assert not list(tmp_path.glob("cublasxt-c.npy"))  # the same work's C is gone
 
 
 def test_alloc_on_a_gpu(tmp_path):

@@ -5,7 +5,8 @@
 ``dask-array``  dask.array matmul and dot: CuPy chunks on dask-cuda's LocalCUDACluster
                 where there are GPUs, NumPy chunks on a LocalCluster otherwise
 ``cupy``        CuPy on one GPU: matmul per dtype (and TF32), ``cupy.dot``
-``cublasxt``    cuBLASXt's GEMM on host-resident operands (random, or two ``.npy`` files)
+``cublasxt``    cuBLASXt's GEMM on host-resident operands (random, or two ``.npy`` files), in
+                pinned and pageable memory, and from files the same work as mgpu's job
 
 Each writes ``{"status": "ok", "figures": [...], ...}`` to OUT_JSON; the harness reads it.
 The process exits without closing its cluster: a UCX shutdown can hang, and the harness
@@ -141,25 +142,115 @@ def cupy_one_gpu(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def cublasxt(args: dict[str, Any]) -> dict[str, Any]:
-    """cuBLASXt's sgemm on host arrays as NumPy holds them (pageable), after an untimed call."""
-    from .cublasxt import CublasXt, find_libcublas
+    """cuBLASXt's GEMM in each configuration of :data:`~mgpu.bench.xtcases.CASES` (those
+    named in ``args["cases"]``, else all), and from files the same work as mgpu's job.
 
-    if "a" in args:
-        a, b = np.load(args["a"]), np.load(args["b"])  # read whole: cuBLASXt takes host-resident operands
+    The pageable configurations run first, on NumPy arrays; those go before the pinned
+    arrays are made, so the host holds one set of operands at a time. Each handle makes
+    an untimed product of a few rows first (its devices' buffers and streams).
+    """
+    import cupy
+
+    from .cublasxt import CublasXt, find_libcublas
+    from .xtcases import CASES, SAME_WORK, read_npy_into, write_npy
+
+    files = "a" in args
+    if files:
+        heads = np.load(args["a"], mmap_mode="r"), np.load(args["b"], mmap_mode="r")
+        (m, k), (_, n), dtype = heads[0].shape, heads[1].shape, heads[0].dtype
+        del heads
     else:
-        rng = np.random.default_rng(0)
-        n = int(args["n"])
-        a, b = rng.random((n, n), dtype=np.float32), rng.random((n, n), dtype=np.float32)
-    c = np.zeros((a.shape[0], b.shape[1]), dtype=a.dtype)  # its pages made now, not in the timed call
-    block = int(args.get("block_dim", 8192))
-    work = 2.0 * a.shape[0] * b.shape[1] * a.shape[1] / 1e12
-    with CublasXt(list(range(int(args["devices"]))), block) as xt:
-        w = min(a.shape[0], 2 * block)
-        xt.gemm(np.ascontiguousarray(a[:w, :w]), np.ascontiguousarray(b[:w, :w]))  # untimed warm-up
-        samples = [xt.gemm(a, b, out=c)[1] for _ in range(int(args.get("repeats", 1)))]
-        block = xt.block_dim
-    figure = _figure("matmul", "TFLOP/s", work, samples, shape=[a.shape[0], b.shape[1], a.shape[1]], block_dim=block)
-    return {"status": "ok", "library": find_libcublas(), "host_memory": "pageable", "figures": [figure]}
+        m = n = k = int(args["n"])
+        dtype = np.dtype(np.float32)
+    devices = list(range(int(args["devices"])))
+    repeats = int(args.get("repeats", 1))
+    wanted = set(args.get("cases") or [c.name for c in CASES] + [SAME_WORK])
+    work = 2.0 * m * n * k / 1e12
+    figures: list[dict[str, Any]] = []
+
+    def fill(a: np.ndarray, b: np.ndarray) -> None:
+        if files:
+            read_npy_into(args["a"], a)
+            read_npy_into(args["b"], b)
+        else:
+            rng = np.random.default_rng(0)
+            rng.random(out=a, dtype=np.float32)
+            rng.random(out=b, dtype=np.float32)
+
+    def timed(case: Any, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> dict[str, Any]:
+        with CublasXt(devices, case.block_dim, pinning=case.pinning) as xt:
+            w = min(m, 2048)
+            xt.gemm(a[:w], b, out=c[:w])  # untimed: the handle's buffers and streams
+            samples = [xt.gemm(a, b, out=c)[1] for _ in range(repeats)]
+            block = xt.block_dim
+        return _figure(
+            "matmul",
+            "TFLOP/s",
+            work,
+            samples,
+            shape=[m, n, k],
+            config=case.name,
+            host_memory=case.host_memory,
+            block_dim=block,
+            pinning=case.pinning,
+        )
+
+    pageable = [c for c in CASES if c.host_memory == "pageable" and c.name in wanted]
+    if pageable:
+        a, b = np.empty((m, k), dtype), np.empty((k, n), dtype)
+        c = np.zeros((m, n), dtype)  # its pages made now, not in a timed call
+        fill(a, b)
+        figures += [timed(case, a, b, c) for case in pageable]
+        del a, b, c
+    pinned = [c for c in CASES if c.host_memory == "pinned" and c.name in wanted]
+    same_work = files and SAME_WORK in wanted
+    if pinned or same_work:
+        a, b, c = (_pinned(shape, dtype) for shape in ((m, k), (k, n), (m, n)))
+        c[...] = 0
+        if same_work:
+            with CublasXt(devices, 8192) as xt:
+                w = min(m, 2048)
+                xt.gemm(a[:w], b, out=c[:w])  # untimed, as above
+                read_s = read_npy_into(args["a"], a) + read_npy_into(args["b"], b)
+                gemm_s = xt.gemm(a, b, out=c)[1]
+                out = Path(args.get("scratch") or Path(args["a"]).parent) / "cublasxt-c.npy"
+                try:
+                    write_s = write_npy(out, c)
+                finally:
+                    out.unlink(missing_ok=True)
+            parts = {"read_s": read_s, "gemm_s": gemm_s, "write_s": write_s}
+            figures.append(
+                _figure(
+                    "matmul",
+                    "TFLOP/s",
+                    work,
+                    [read_s + gemm_s + write_s],
+                    shape=[m, n, k],
+                    config=SAME_WORK,
+                    host_memory="pinned",
+                    block_dim=8192,
+                    pinning=False,
+                    parts=parts,
+                )
+            )
+        else:
+            fill(a, b)
+        figures += [timed(case, a, b, c) for case in pinned]
+        del a, b, c
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
+    order = [c.name for c in CASES] + [SAME_WORK]
+    figures.sort(key=lambda f: order.index(f["config"]))
+    return {"status": "ok", "library": find_libcublas(), "figures": figures}
+
+
+def _pinned(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
+    """A C-ordered host array of ``shape`` in pinned memory (CuPy's pinned pool)."""
+    import cupy
+
+    count = shape[0] * shape[1]
+    memory = cupy.cuda.alloc_pinned_memory(count * dtype.itemsize)
+    # np.frombuffer keeps ``memory`` alive (the array's base): the pages stay pinned as long.
+    return np.frombuffer(memory, dtype, count).reshape(shape)
 
 
 ALTERNATIVES: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {

@@ -7,9 +7,13 @@ written costs the kernel more, and the job timed first would pay it. mgpu's matm
 A and B in one panel per device on two devices or more (``operands: distributed``) and on
 one streams them through its rows of C (``streamed``), writing C into a ``.npy``; each
 result's ``roofline`` is the slower of the compute and the bytes over the devices'
-summed pinned host-to-device rate. cuBLASXt reads A and B whole into memory first
-(untimed) and is timed around its GEMM call alone; mgpu's time set against it is the
-job's from the end of its warm-up to its result (panel reads, every tile, the write of C).
+summed pinned host-to-device rate. cuBLASXt runs in each configuration of
+:mod:`mgpu.bench.xtcases` (operands in pinned memory, its best; pageable with its pinning
+mode on; pageable) timed around its GEMM call alone, A and B read into memory first
+(untimed), and once as the same work as mgpu's job (the files read into pinned memory,
+the GEMM, C written into an ``.npy``), timed in parts. mgpu's time set against each is the
+job's from the end of its warm-up to its result (every read, product and write); each
+matmul run's ``vs`` and its summary row's ``vs_cublasxt`` hold the ratios.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import dask.config
 import numpy as np
 
 from .harness import BenchInputError, Options, job_seconds, resolve, run_child, run_jobs, say, skipped, summarize
+from .xtcases import median_speedups, set_against
 
 # Per preset: the matmul sides, each with the per-device budget it runs under, and the dot's
 # length per device with its budget.
@@ -148,7 +153,7 @@ def run(opts: Options) -> tuple[dict[str, Any], dict[str, Any]]:
                 if backend == "cuda":
                     for n in counts:
                         label = f"cublasxt-{side}-{n}"
-                        args = {"a": str(p["a"]), "b": str(p["b"]), "devices": n}
+                        args = {"a": str(p["a"]), "b": str(p["b"]), "devices": n, "scratch": str(folder)}
                         cublasxt[f"{side}/{n}"] = alt = run_child(opts, "cublasxt", label, args, 1800)
                         _set_against(runs, side, n, alt)
                 for path in folder.iterdir():
@@ -168,21 +173,25 @@ def run(opts: Options) -> tuple[dict[str, Any], dict[str, Any]]:
         "cublasxt": cublasxt if backend == "cuda" else skipped("cuBLASXt needs GPUs; it runs with --backend cuda")
     }
     resolved = {"backend": backend, "sizes": sizes, "device_counts": counts, "matmul": s["matmul"]}
-    return resolved, {"runs": runs, "alternatives": alternatives, "summary": summarize(runs)}
+    summary = summarize(runs)
+    for row in summary:  # each matmul's median against every cuBLASXt configuration
+        speedups = [e["vs"] for e in runs if (e["name"], e["devices"]) == (row["name"], row["devices"]) and e.get("vs")]
+        if speedups:
+            row["vs_cublasxt"] = median_speedups(speedups)
+    return resolved, {"runs": runs, "alternatives": alternatives, "summary": summary}
 
 
 def _set_against(runs: list[dict[str, Any]], side: int, devices: int, alt: dict[str, Any]) -> None:
-    """Note in each matmul run of this side and device count how many times faster mgpu was
-    than the alternative."""
+    """Note in each matmul run of this side and device count how many times faster mgpu
+    was than each cuBLASXt configuration (``vs``: configuration -> seconds, speedup)."""
     figures = alt.get("figures") or []
-    if not figures:
-        return
     for entry in runs:
         r = entry.get("result")
         if (
-            entry["name"].startswith(f"outofcore-matmul-{side}-")
+            figures
+            and entry["name"].startswith(f"outofcore-matmul-{side}-")
             and entry["devices"] == devices
             and r
             and job_seconds(r)
         ):
-            entry["vs"] = {"cublasxt_s": figures[0]["seconds"], "speedup": figures[0]["seconds"] / job_seconds(r)}
+            entry["vs"] = set_against(job_seconds(r), figures)

@@ -5,7 +5,9 @@ sizes, same devices, same run.
   TCP and over UCX (NVLink) where there are GPUs, NumPy chunks on a ``LocalCluster`` on CPU;
   inputs persisted first, so only the operation is timed;
 - CuPy on one GPU (matmul per dtype, ``cupy.dot``): what one device does alone;
-- cuBLASXt's GEMM on host-resident random operands over the same GPUs.
+- cuBLASXt's GEMM on host-resident random operands over the same GPUs, in each
+  configuration of :mod:`mgpu.bench.xtcases` (pinned operands, its best; pageable with its
+  pinning mode; pageable). The same work from files is in ``mgpu bench outofcore``.
 
 The GPU-only alternatives are skipped on CPU with a note saying so.
 """
@@ -51,6 +53,7 @@ def compare(summary: list[dict[str, Any]], alternatives: dict[str, Any]) -> list
                             "mgpu": row["throughput"],
                             "alternative": alt_name,
                             "alternative_devices": alt_devices,
+                            "config": fig.get("config"),
                             "value": fig["value"],
                             "unit": fig["unit"],
                             "mgpu_over_alternative": row["throughput"] / fig["value"],
