@@ -24,13 +24,12 @@ from . import config
 from .errors import JobInputError
 from .info import visible_gpu_count
 from .memory import AllocatorChoice, rmm_options
-from .memory.stats import AllocatorStats
 from .signals import WORKER_PRELOAD, deferred
 from .sizes import resolve_size
 from .spec import ClusterSpec
 from .worker.device import DeviceFacts, address_space_room
-from .worker.plugins import SettingsSetup
-from .worker.runtime import RuntimeSetup
+from .worker.plugins import AllocatorStats, RuntimeSetup, SettingsSetup, SpillToManaged
+from .worker.tasks import device_facts
 
 __all__ = [
     "ClusterInfo",
@@ -301,15 +300,9 @@ def _start_cpu(rc: ResolvedCluster) -> LocalCluster:
     )
 
 
-def _describe(dask_worker: Any = None) -> DeviceFacts:
-    from .worker.device import current
-
-    return current(dask_worker).facts
-
-
 def describe_workers(client: Client) -> dict[str, DeviceFacts]:
     """Each worker's device facts (address -> facts), in the order tiles are placed."""
-    facts = client.run(_describe)
+    facts = client.run(device_facts)
     return dict(sorted(facts.items(), key=lambda kv: (kv[1].host, kv[1].id, kv[0])))
 
 
@@ -374,8 +367,6 @@ def open_cluster(
             client.run(_silence_task_errors)
         client.register_plugin(RuntimeSetup(rc.backend))
         if rc.spill == "managed":
-            from .memory.spill import SpillToManaged
-
             client.register_plugin(SpillToManaged())
         # Last, so its statistics adaptor sits on top of whatever the plugins above installed.
         client.register_plugin(AllocatorStats())

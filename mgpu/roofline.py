@@ -25,7 +25,8 @@ import numpy as np
 
 from . import config
 from .worker import kernels
-from .worker.device import Device, current
+from .worker.device import Device
+from .worker.tasks import with_device
 
 if TYPE_CHECKING:
     from .worker.device import DeviceFacts
@@ -91,15 +92,14 @@ def ceiling_units() -> dict[str, str]:
     return units
 
 
-def measure_ceilings(groups: Sequence[str], dev: Device | None = None) -> dict[str, float]:
-    """Measure this worker's device alone (runs as a task on the worker), or ``dev``.
+def measure_ceilings(groups: Sequence[str], dev: Device) -> dict[str, float]:
+    """Measure ``dev`` alone (a worker's, in a task: :func:`mgpu.worker.tasks.with_device`).
 
     ``groups``: ``"device"`` (the copy and transfer rates) and workload names (each
     measures its own).
     """
     from .workloads import get_workload_class
 
-    dev = dev or current()
     out: dict[str, float] = {}
     with dev.on_stream():
         for group in groups:
@@ -235,6 +235,7 @@ def ceilings_for(
     if missing:
         futures = {
             key: client.submit(
+                with_device,
                 measure_ceilings,
                 todo,
                 key=f"roofline-calibrate-{i}",
@@ -296,6 +297,7 @@ def ceilings_at_once(
             run = uuid.uuid4().hex[:8]  # a key of its own: another client's measure may be under way
             futures = [
                 client.submit(
+                    with_device,
                     measure_ceilings,
                     todo,
                     key=f"roofline-at-once-{run}-{i}",

@@ -1,6 +1,7 @@
 """No mutable state at module level under mgpu/: what a worker keeps lives in its runtime
 (:mod:`mgpu.worker.runtime`), made at setup and freed at teardown, so two workers in one process
-share nothing and a worker that closes leaves nothing behind.
+share nothing and a worker that closes leaves nothing behind. And no import circle among
+mgpu's modules, counting the imports made inside functions: the runtime is handed down.
 
 A module may hold constant tables: a container bound to an ALL_CAPS name (or one annotated
 ``Final``) that the module never changes. Locks, thread-locals and the like made at import
@@ -208,3 +209,106 @@ def test_no_mutable_state_at_module_level(path):
 )
 def test_the_rule_tells_state_from_constant_tables(source, expected):
     assert module_state(source) == expected
+
+
+# --- import circles -------------------------------------------------------------------------
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_nodes(tree: ast.Module) -> set[int]:
+    """The nodes under ``if TYPE_CHECKING:``: imports for the type checker, never run."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(inner) for stmt in node.body for inner in ast.walk(stmt)}
+    return skip
+
+
+def imported_modules(name: str, source: str, modules: set[str], *, package: bool = False) -> set[str]:
+    """The modules of ``modules`` that module ``name`` imports, at its top or inside functions
+    (what ``TYPE_CHECKING`` guards is left out: it never runs)."""
+    tree = ast.parse(source)
+    skip = _type_checking_nodes(tree)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name in modules}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if package else name.split(".")[:-1]
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                if f"{target}.{alias.name}" in modules:
+                    found.add(f"{target}.{alias.name}")
+                elif target in modules:
+                    found.add(target)
+    found.discard(name)
+    return found
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of two modules or more that reach each other by imports (Tarjan's strongly
+    connected components), each sorted."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in order:
+            visit(v)
+    return circles
+
+
+def test_no_import_circle_among_mgpu_modules():
+    """A module below imports none above it, not even inside a function: the worker's runtime
+    is handed down, never looked up from below."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {
+        name: imported_modules(name, path.read_text(), set(paths), package=path.name == "__init__.py")
+        for name, path in paths.items()
+    }
+    assert import_circles(graph) == []
+
+
+def test_a_function_level_import_from_below_closes_a_circle():
+    # The shape the runtime once had: the device, below it, reached up for it in a function.
+    modules = {"pkg", "pkg.runtime", "pkg.device", "pkg.tile"}
+    sources = {
+        "pkg.runtime": "from .device import Device\nfrom .tile import StepStore\n",
+        "pkg.device": "def current():\n    from .runtime import current as up\n    return up().device\n",
+        "pkg.tile": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .runtime import Runtime\n",
+        "pkg": "",
+    }
+    graph = {name: imported_modules(name, src, modules) for name, src in sources.items()}
+    assert graph["pkg.device"] == {"pkg.runtime"}
+    assert graph["pkg.tile"] == set()  # for the type checker only
+    assert import_circles(graph) == [["pkg.device", "pkg.runtime"]]

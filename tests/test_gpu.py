@@ -301,9 +301,9 @@ def test_cupy_allocations_reach_the_statistics_adaptor():
     import rmm
     from rmm.allocators.cupy import rmm_cupy_allocator
 
-    from mgpu.memory.stats import AllocatorStats
     from mgpu.worker import device as _device
-    from mgpu.worker.runtime import Runtime, RuntimeSetup
+    from mgpu.worker.plugins import AllocatorStats, RuntimeSetup
+    from mgpu.worker.runtime import Runtime
 
     old_mr, old_alloc = rmm.mr.get_current_device_resource(), cupy.cuda.get_allocator()
     try:
@@ -656,7 +656,7 @@ def test_closing_the_runtime_frees_its_pinned_buffers_panels_and_cache():
 
 
 def _runtime_ids(dask_worker=None):
-    from mgpu.worker.runtime import current
+    from mgpu.worker.tasks import current
 
     rt = current(dask_worker)
     return id(rt), rt.device.facts.id, rt.device.is_gpu
@@ -667,7 +667,7 @@ def test_each_gpu_worker_has_its_own_runtime():
     from dask_cuda import LocalCUDACluster
     from distributed import Client
 
-    from mgpu.worker.runtime import RuntimeSetup
+    from mgpu.worker.plugins import RuntimeSetup
 
     with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", dashboard_address=None) as cluster, Client(cluster) as client:
         client.register_plugin(RuntimeSetup("cuda"))

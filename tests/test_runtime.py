@@ -13,8 +13,8 @@ import pytest
 from distributed import Client, LocalCluster
 
 import mgpu
-from mgpu.worker import runtime
-from mgpu.worker.device import current as current_device
+from mgpu.worker import tasks
+from mgpu.worker.plugins import RuntimeSetup
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def one_process():
         silence_logs=logging.WARNING,
     )
     with Client(cluster) as client:
-        client.register_plugin(runtime.RuntimeSetup("cpu"))
+        client.register_plugin(RuntimeSetup("cpu"))
         yield client
     cluster.close()
     dask.config.config.clear()
@@ -44,7 +44,7 @@ def _workers(client: Client) -> list[str]:
 
 
 def _keep_on_this_worker(token: str) -> tuple[int, int, int]:
-    rt = runtime.current()
+    rt = tasks.current()
     rt.panels.keep(token, "a", np.ones(3))
     rt.device.cache.get("axes", token, lambda: np.arange(4))
     rt.device.staging.pool.submit(lambda: None).result()  # its host threads started
@@ -52,7 +52,7 @@ def _keep_on_this_worker(token: str) -> tuple[int, int, int]:
 
 
 def _held(token: str) -> tuple[int, Any]:
-    rt = runtime.current()
+    rt = tasks.current()
     return rt.panels.held(), rt.device.cache.held("axes")
 
 
@@ -70,13 +70,13 @@ def test_two_workers_in_one_process_keep_separate_runtimes(one_process):
 
 def test_functions_run_on_the_workers_reach_each_ones_runtime(one_process):
     # Client.run and plugin setup are not tasks: they name the worker they run on.
-    facts = one_process.run(lambda dask_worker: current_device(dask_worker).facts.id)
+    facts = one_process.run(lambda dask_worker: tasks.device_facts(dask_worker).id)
     assert sorted(facts.values()) == [0, 1]
 
 
 def test_outside_a_worker_the_runtime_is_not_found():
     with pytest.raises(RuntimeError, match="from a task on a Dask worker; this is not one"):
-        runtime.current()
+        tasks.current()
 
 
 def test_a_job_runs_on_two_workers_of_one_process(one_process):
@@ -90,22 +90,22 @@ def test_teardown_frees_the_runtime():
         n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None, silence_logs=logging.WARNING
     )
     with cluster, Client(cluster) as client:
-        client.register_plugin(runtime.RuntimeSetup("cpu"))
+        client.register_plugin(RuntimeSetup("cpu"))
         (addr,) = _workers(client)
         client.submit(_keep_on_this_worker, "job", pure=False).result()
         worker = next(iter(cluster.workers.values()))
-        rt = worker.plugins[runtime.RuntimeSetup.name].runtime
+        rt = worker.plugins[RuntimeSetup.name].runtime
         pool = rt.device.staging.pool
         rt.steps.keep("job", 0, object())  # a stepped tile's context, between its steps
         assert rt.panels.held() == 1 and len(rt.device.cache) == 1 and rt.steps.held() == 1
 
-        client.unregister_worker_plugin(runtime.RuntimeSetup.name)
+        client.unregister_worker_plugin(RuntimeSetup.name)
         # Its panels, stepped tiles, cached arrays and host threads are gone; nothing of it is
         # left to reach.
         assert rt.panels.held() == 0 and rt.steps.held() == 0 and len(rt.device.cache) == 0
         assert pool._shutdown and rt.device.staging.buffer_count == 0
         with pytest.raises(RuntimeError, match="has no mgpu runtime"):
-            client.submit(runtime.current, pure=False).result()
+            client.submit(tasks.current, pure=False).result()
         # Registered again, the worker gets a new, empty runtime.
-        client.register_plugin(runtime.RuntimeSetup("cpu"))
+        client.register_plugin(RuntimeSetup("cpu"))
         assert client.submit(_held, "job", pure=False).result() == (0, None)

@@ -16,7 +16,7 @@ from mgpu.cluster import open_cluster, resolve_cluster
 from mgpu.errors import JobFailed
 from mgpu.planner import Plan, Tile, assign_contiguous
 from mgpu.spec import ClusterSpec
-from mgpu.worker import runtime
+from mgpu.worker import tasks
 from mgpu.worker import tile as routine
 from mgpu.worker.exchange import PeerBuffers
 from mgpu.workloads.base import Workload
@@ -135,7 +135,7 @@ def test_release_drops_one_jobs_stepped_tiles_only():
 
 
 def _stepped_tiles_held(dask_worker: Any) -> int:
-    return runtime.current(dask_worker).steps.held()
+    return tasks.current(dask_worker).steps.held()
 
 
 def test_a_stepped_plan_on_two_workers_exchanges_through_dask(scheduler):

@@ -679,17 +679,19 @@ def test_the_io_settings_default_and_a_bad_one_names_its_key(monkeypatch, tmp_pa
 
 
 def test_only_file_jobs_on_gpus_make_their_readers_ready_in_their_warm_up(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
     from mgpu.worker import io
     from mgpu.workloads import dot
     from mgpu.workloads.dot import Dot, DotParams
     from mgpu.workloads.matmul import workload as matmul
 
     readied: list[Any] = []
-    monkeypatch.setattr(transfer, "ready_buffers", lambda **kw: readied.append("stager"))
     monkeypatch.setattr(io, "warm_up", lambda path, offset, nbytes: readied.append(("kvikio", Path(path).name)))
     for module in (dot, matmul):  # the warm-up's small tile
         monkeypatch.setattr(module, "run_tile", lambda workload, dev, tile: None)
     gpu = Device("cuda", None, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"))
+    gpu.staging = SimpleNamespace(ready_buffers=lambda **kw: readied.append("stager"))  # type: ignore[assignment]
     for name in ("x", "y"):
         np.save(tmp_path / f"{name}.npy", np.ones(10, np.float32))
     _, _, files = _files(tmp_path, 6, 5, 4)

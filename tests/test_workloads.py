@@ -394,7 +394,7 @@ def test_mandelbrot_bands_of_jobs_in_one_process_each_count_over_their_own_windo
 
 
 def _panels_held(dask_worker: Any = None) -> int:
-    from mgpu.worker.runtime import current
+    from mgpu.worker.tasks import current
 
     return current(dask_worker).panels.held()
 

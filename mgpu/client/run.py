@@ -23,12 +23,12 @@ from ..cluster import (
     scheduler_address,
 )
 from ..errors import JobFailed
-from ..memory import stats as alloc_stats
 from ..results import Recovery, Result, Startup
 from ..roofline import ceilings_at_once, ceilings_for
 from ..security import check_tls
 from ..spec import Job, check_one_cluster
 from ..worker.sources import check_output_room
+from ..worker.tasks import open_allocator_window
 from ..workloads.base import TileRecord
 from .assemble import assemble, reference_beside
 from .estimate import estimate
@@ -136,7 +136,7 @@ def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, clu
         for sink in sinks:
             sink.create()
         resources = info.tile_resources(workload.concurrency)
-        alloc_stats.begin_job(info.client, list(info.devices))
+        info.client.run(open_allocator_window, workers=list(info.devices), on_error="ignore")
         warm_up(info.client, workload, plan.tiles[0], list(info.devices), resources)
         marks.append(time.perf_counter())
 

@@ -16,10 +16,7 @@ from distributed.comm import get_address_host
 
 from ..planner import Plan, Tile
 from ..results import Recovery
-from ..worker import exchange
-from ..worker.panels import close_remotes
-from ..worker.panels import release as release_panels
-from ..worker.tasks import lost_stepped_tile, make_panel, release_steps, run_tile, step_tile, warmup
+from ..worker.tasks import end_job, lost_stepped_tile, make_panel, run_tile, step_tile, warmup
 from ..workloads.base import TileRecord, Workload
 from .recover import TileTracker
 
@@ -214,17 +211,13 @@ def run_plan(
         tracker.cancel()
         if stepped:
             client.cancel(list(stepped.values()))
-            client.run(release_steps, token)
-            # Every tile has ended: each process closes the peers' buffers it opened, then
-            # (once all have) frees its own.
-            client.run(exchange.release, token)
-            client.run(exchange.free, token)
         if panel_futures:
             client.cancel(list(panel_futures.values()))
-            # Every tile has ended: each process closes the peers' panels it opened, then
-            # (once all have) the owners free theirs.
-            client.run(close_remotes, token)
-            client.run(release_panels, token)
+        if stepped or panel_futures:
+            # Every tile has ended: each worker closes what it opened of the others' (panels,
+            # exchange buffers) and drops its stepped tiles, then (once all have) frees its own.
+            client.run(end_job, token, "close")
+            client.run(end_job, token, "free")
         if recovery is not None:
             recovery.lost_workers = tracker.lost_workers
             recovery.recomputed_tiles = sorted(tracker.recomputed_tiles)

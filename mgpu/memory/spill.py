@@ -12,11 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from distributed import WorkerPlugin
-
-from ..worker import device as _device
-
-__all__ = ["ManagedFallback", "SpillToManaged"]
+__all__ = ["ManagedFallback"]
 
 
 class ManagedFallback:
@@ -48,21 +44,3 @@ class ManagedFallback:
         with self._lock:
             was_spilled = self.spilled.pop(ptr, None) is not None
         (self.managed if was_spilled else self.primary).deallocate(ptr, nbytes, stream)
-
-
-class SpillToManaged(WorkerPlugin):
-    """Install :class:`ManagedFallback` over the worker's current RMM resource.
-
-    Registered after dask-cuda's RMM setup, so it wraps the pool (or async) resource
-    that setup made, capped at the planner's budget.
-    """
-
-    name = "mgpu-spill"
-    idempotent = True
-
-    def setup(self, worker: Any = None) -> None:
-        import rmm
-
-        fallback = ManagedFallback(rmm.mr.get_current_device_resource())
-        rmm.mr.set_current_device_resource(fallback.resource)
-        _device.current(worker).extra["spill"] = fallback

@@ -1,8 +1,9 @@
 """Allocator statistics per worker, measured over one job.
 
-A worker plugin puts RMM's ``StatisticsResourceAdaptor`` on top of the worker's resource
-(dask-cuda's pool, async or managed resource, and mgpu's spill fallback where there is
-one), so every allocation CuPy makes through RMM is counted. The client side opens a window on
+A worker plugin (:class:`~mgpu.worker.plugins.AllocatorStats`) puts RMM's
+``StatisticsResourceAdaptor`` on top of the worker's resource (dask-cuda's pool, async or
+managed resource, and mgpu's spill fallback where there is one), so every allocation CuPy
+makes through RMM is counted. The client side opens a window on
 each worker before the warm-up (``push_counters``: fresh counters) and closes it after the
 last tile (``pop_counters``): the figures are the job's, not the worker's lifetime.
 
@@ -16,17 +17,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from distributed import WorkerPlugin
-
-from ..worker import device as _device
-
 __all__ = [
-    "AllocatorStats",
     "Counts",
+    "CupyPoolTracker",
     "RmmTracker",
-    "begin_job",
     "describe_chain",
-    "end_job",
+    "cupy_uses_rmm",
     "resource_chain",
     "window_from_snapshots",
     "window_from_stack",
@@ -130,7 +126,7 @@ class RmmTracker:
         return {"kind": self.kind, "pool_size": pool, "limit": self.limit, **figures}
 
 
-class _CupyPoolTracker:
+class CupyPoolTracker:
     """``allocator: default``: CuPy's own pool, which counts nothing but its size."""
 
     def begin(self) -> None:
@@ -178,62 +174,9 @@ def resource_chain(top: Any, fallback: Any = None) -> list[Any]:
     return chain
 
 
-def _cupy_uses_rmm() -> bool:
+def cupy_uses_rmm() -> bool:
     import cupy
 
     allocator = cupy.cuda.get_allocator()
     # CuPy's own allocator is a bound method of a Cython class: its __module__ is None.
     return (getattr(allocator, "__module__", None) or "").startswith("rmm")
-
-
-class AllocatorStats(WorkerPlugin):
-    """Put a ``StatisticsResourceAdaptor`` on top of each GPU worker's RMM resource.
-
-    Registered after the spill plugin, so the adaptor sees every allocation, spilled or
-    not. CuPy's RMM allocator asks RMM for the current resource on each call, so setting
-    the adaptor as current is all it takes. A no-op on CPU workers.
-    """
-
-    name = "mgpu-allocator-stats"
-    idempotent = True
-
-    def setup(self, worker: Any = None) -> None:
-        dev = _device.current(worker)
-        if not dev.is_gpu or "allocator" in dev.extra:
-            return
-        if not _cupy_uses_rmm():
-            dev.extra["allocator"] = _CupyPoolTracker()
-            return
-        import rmm
-
-        mr = rmm.mr.get_current_device_resource()
-        if not isinstance(mr, rmm.mr.StatisticsResourceAdaptor):
-            mr = rmm.mr.StatisticsResourceAdaptor(mr)
-            rmm.mr.set_current_device_resource(mr)
-        chain = resource_chain(mr, dev.extra.get("spill"))
-        dev.extra["allocator"] = RmmTracker(mr, *describe_chain(chain, rmm.mr))
-
-
-def _begin(dask_worker: Any = None) -> None:
-    tracker = _device.current(dask_worker).extra.get("allocator")
-    if tracker is not None:
-        tracker.begin()
-
-
-def _end(dask_worker: Any = None) -> dict[str, Any]:
-    dev = _device.current(dask_worker)
-    tracker = dev.extra.get("allocator")
-    if tracker is None:
-        return {"kind": "numpy" if not dev.is_gpu else "unknown"}
-    return tracker.end()
-
-
-def begin_job(client: Any, workers: list[str]) -> None:
-    """Open the statistics window on each worker (before the warm-up)."""
-    client.run(_begin, workers=workers, on_error="ignore")
-
-
-def end_job(client: Any, workers: list[str]) -> dict[str, dict[str, Any]]:
-    """Close the window; worker address -> figures. A worker that cannot answer is left out:
-    its row says n/a rather than failing a finished job."""
-    return client.run(_end, workers=workers, on_error="ignore")

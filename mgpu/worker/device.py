@@ -1,7 +1,7 @@
 """What a task sees on its worker: the array module, its stream, a timer, memory facts.
 
 Each worker holds one :class:`Device`, in its runtime (:mod:`mgpu.worker.runtime`), made when the
-worker starts and closed when it stops. Tasks call :func:`current` and write ``dev.xp``
+worker starts and closed when it stops. Tasks are handed it and write ``dev.xp``
 code that runs unchanged on NumPy (CPU workers) and CuPy (GPU workers); what only a GPU
 has (streams, events, host<->device copies) is behind methods that are no-ops or plain
 copies on the CPU.
@@ -23,7 +23,7 @@ import psutil
 from . import kernels
 from .transfer import HostStaging
 
-__all__ = ["Device", "DeviceCache", "DeviceFacts", "Timing", "address_space_room", "current"]
+__all__ = ["Device", "DeviceCache", "DeviceFacts", "Timing", "address_space_room"]
 
 T = TypeVar("T")
 
@@ -287,20 +287,6 @@ class Device:
         """(events, bytes) allocated in managed memory so far because the budget was full."""
         fallback = self.extra.get("spill")
         return (fallback.events, fallback.bytes) if fallback is not None else (0, 0)
-
-
-def current(worker: Any = None) -> Device:
-    """The device of the worker this task runs on (of ``worker``, where given: in a worker
-    plugin's setup or a function run by ``Client.run``, which are not tasks).
-
-    Raises
-    ------
-    RuntimeError
-        Outside a worker, or on a worker without mgpu's runtime plugin.
-    """
-    from .runtime import current as current_runtime
-
-    return current_runtime(worker).device
 
 
 def address_space_room(memory: int) -> int:

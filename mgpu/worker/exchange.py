@@ -13,8 +13,8 @@ Where the GPUs cannot reach each other (another host, no peer access) the core f
 the array to the host instead (see :func:`mgpu.worker.tile.step_tile`).
 
 What a worker keeps (its buffers, the senders' buffers it opened) is its runtime's
-:class:`PeerBuffers` (:mod:`mgpu.worker.runtime`); :func:`release` and :func:`free`, run on
-every worker once a job ends, reach the buffers of the worker they run on.
+:class:`PeerBuffers` (:mod:`mgpu.worker.runtime`), whose ``release`` and ``free`` run on
+every worker once a job ends (:func:`mgpu.worker.tasks.end_job`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 from .panels import enable_peer_access
 
-__all__ = ["PeerArray", "PeerBuffers", "free", "peers_reachable", "release"]
+__all__ = ["PeerArray", "PeerBuffers", "peers_reachable"]
 
 
 @functools.cache
@@ -158,21 +158,3 @@ class PeerBuffers:
             self.release(token)
         for token in tokens:
             self.free(token)
-
-
-def release(token: str, dask_worker: Any = None) -> int:
-    """Close the senders' buffers this worker opened for one job (run on each worker once
-    every tile has ended; the closing first, on every worker, as for panels:
-    :func:`mgpu.worker.panels.close_remotes`)."""
-    return _buffers(dask_worker).release(token)
-
-
-def free(token: str, dask_worker: Any = None) -> int:
-    """Free this worker's send and receive buffers of one job (after every :func:`release`)."""
-    return _buffers(dask_worker).free(token)
-
-
-def _buffers(worker: Any = None) -> PeerBuffers:
-    from .runtime import current
-
-    return current(worker).exchange

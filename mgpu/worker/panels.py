@@ -10,13 +10,13 @@ inputs are deterministic, so that copy is the same data.
 
 Panels live in plain ``cudaMalloc`` memory, outside the RMM pool: IPC handles name a
 whole allocation, which a pool's sub-allocations are not. A peer's panel is opened once
-per job and process and kept open until every tile has ended (:func:`close_remotes`):
+per job and process and kept open until every tile has ended
+(:meth:`PanelStore.close_remotes`):
 closing a mapping waits for the whole device, so a tile closing it would wait for the
 product of the tile beside it.
 
 What a worker keeps (its panels, the peers' panels it opened) is its runtime's
-:class:`PanelStore` (:mod:`mgpu.worker.runtime`); the functions here reach the store of the
-worker they run on.
+:class:`PanelStore` (:mod:`mgpu.worker.runtime`), handed to the functions here.
 """
 
 from __future__ import annotations
@@ -32,14 +32,11 @@ __all__ = [
     "PanelRef",
     "PanelStore",
     "RemotePanel",
-    "close_remotes",
     "copy_rows",
     "enable_all_peers",
     "enable_peer_access",
-    "open_remote",
     "peer_ordinal",
     "publish",
-    "release",
     "resident",
 ]
 
@@ -65,8 +62,11 @@ def _uuid(ordinal: int) -> bytes:
     return bytes(cupy.cuda.runtime.getDeviceProperties(ordinal)["uuid"])
 
 
-def publish(dev: Any, token: str, name: str, shape: tuple[int, ...], dtype: str, fill: Any) -> PanelRef:
-    """Make a panel with ``fill(out)`` (``out`` a fresh array to fill) and keep it here."""
+def publish(
+    store: PanelStore, dev: Any, token: str, name: str, shape: tuple[int, ...], dtype: str, fill: Any
+) -> PanelRef:
+    """Make a panel with ``fill(out)`` (``out`` a fresh array to fill) and keep it in ``store``
+    (this worker's)."""
     if dev.is_gpu:
         import cupy
 
@@ -84,15 +84,15 @@ def publish(dev: Any, token: str, name: str, shape: tuple[int, ...], dtype: str,
         arr = np.empty(shape, dtype)
         fill(arr)
         ref = PanelRef(token, name, tuple(shape), str(dtype), socket.gethostname(), os.getpid())
-    _store().keep(token, name, arr)
+    store.keep(token, name, arr)
     return ref
 
 
-def resident(ref: PanelRef) -> Any | None:
-    """The panel itself when this worker made it, else None."""
+def resident(store: PanelStore, ref: PanelRef) -> Any | None:
+    """The panel itself when this worker (whose panels ``store`` keeps) made it, else None."""
     if ref.host != socket.gethostname() or ref.pid != os.getpid():
         return None
-    return _store().get(ref.token, ref.name)
+    return store.get(ref.token, ref.name)
 
 
 def peer_ordinal(ref: PanelRef) -> int | None:
@@ -148,20 +148,9 @@ class RemotePanel:
     def close(self) -> None:
         import cupy
 
-        # Close before the owner may free it (see close_remotes).
+        # Close before the owner may free it (see PanelStore.close_remotes).
         cupy.cuda.runtime.ipcCloseMemHandle(self.ptr)
         self.ptr = 0
-
-
-def open_remote(ref: PanelRef, peer: int) -> RemotePanel:
-    """``ref`` (a peer's panel) opened on this worker: on its first use in the job, then kept."""
-    return _store().open_remote(ref, peer)
-
-
-def close_remotes(token: str, dask_worker: Any = None) -> int:
-    """Close the peers' panels this worker opened for one job (run on each worker once every
-    tile has ended, before any owner frees them: :func:`release`)."""
-    return _store(dask_worker).close_remotes(token)
 
 
 def copy_rows(dst: Any, panel: RemotePanel, rows: tuple[int, int], stream: Any) -> int:
@@ -175,11 +164,6 @@ def copy_rows(dst: Any, panel: RemotePanel, rows: tuple[int, int], stream: Any) 
         dst.data.ptr, panel.ptr + rows[0] * row_bytes, nbytes, cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr
     )
     return nbytes
-
-
-def release(token: str, dask_worker: Any = None) -> int:
-    """Free this worker's panels of one job (run on each worker, after every tile)."""
-    return _store(dask_worker).release(token)
 
 
 class PanelStore:
@@ -231,9 +215,3 @@ class PanelStore:
             self.close_remotes(token)
         for token in tokens:
             self.release(token)
-
-
-def _store(worker: Any = None) -> PanelStore:
-    from .runtime import current
-
-    return current(worker).panels

@@ -1,16 +1,17 @@
 """The worker runtime: what one worker keeps for its tasks, made when it starts, freed when it stops.
 
-One :class:`RuntimeSetup` worker plugin makes a :class:`Runtime` per worker: its
-:class:`~mgpu.worker.device.Device` (array module, the task threads' streams, the host threads
-and pinned buffers of staged copies, arrays kept between tiles, references to what the
-memory plugins set up), its :class:`~mgpu.worker.panels.PanelStore`, and what its stepped tiles
-keep between steps (:class:`~mgpu.worker.tile.StepStore`, :class:`~mgpu.worker.exchange.PeerBuffers`).
-Tasks, and functions run by ``Client.run``, reach it through the worker they run on
-(:func:`current`); two workers in one process have one each. The plugin's teardown (the
-worker closing, or the plugin removed) frees it.
+A :class:`Runtime` holds the worker's :class:`~mgpu.worker.device.Device` (array module,
+the task threads' streams, the host threads and pinned buffers of staged copies, arrays
+kept between tiles, references to what the memory plugins set up), its
+:class:`~mgpu.worker.panels.PanelStore`, and what its stepped tiles keep between steps
+(:class:`~mgpu.worker.tile.StepStore`, :class:`~mgpu.worker.exchange.PeerBuffers`). The
+:class:`~mgpu.worker.plugins.RuntimeSetup` worker plugin makes one per worker
+(:func:`make_runtime`; two workers in one process have one each) and frees it at its
+teardown. The task entry points (:mod:`mgpu.worker.tasks`) find it and hand its parts
+down: nothing below them looks it up.
 
-GPU libraries are imported inside ``setup()`` only, so the client, the scheduler and the
-planner import this module on machines without CUDA.
+GPU libraries are imported inside :func:`make_runtime` only, so the client, the scheduler
+and the planner import this module on machines without CUDA.
 """
 
 from __future__ import annotations
@@ -21,14 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
-from distributed import WorkerPlugin, get_worker
 
 from .device import Device, DeviceFacts, address_space_room
 from .exchange import PeerBuffers
 from .panels import PanelStore
 from .tile import StepStore
 
-__all__ = ["Runtime", "RuntimeSetup", "current"]
+__all__ = ["Runtime", "make_runtime"]
 
 
 @dataclass
@@ -40,6 +40,20 @@ class Runtime:
     steps: StepStore = field(default_factory=StepStore)
     exchange: PeerBuffers = field(default_factory=PeerBuffers)
 
+    def close_opened(self, token: str) -> None:
+        """The first half of a job's end, once every tile has ended: drop its stepped tiles
+        and close what this worker opened of the other workers' (their exchange buffers,
+        their panels)."""
+        self.steps.release(token)
+        self.exchange.release(token)
+        self.panels.close_remotes(token)
+
+    def free_own(self, token: str) -> None:
+        """The second half, once every worker has closed what it opened: free this worker's
+        own exchange buffers and panels of the job."""
+        self.exchange.free(token)
+        self.panels.release(token)
+
     def close(self) -> None:
         """Drop the stepped tiles, free the exchange's buffers and the panels (peers' closed
         first), then what the device holds."""
@@ -49,59 +63,12 @@ class Runtime:
         self.device.close()
 
 
-class RuntimeSetup(WorkerPlugin):
-    """Make each worker's :class:`Runtime` at setup and free it at teardown.
-
-    Parameters
-    ----------
-    backend
-        ``"cuda"``, ``"cpu"``, or ``"auto"`` to decide on the worker (a worker of a
-        cluster mgpu joined may or may not have a GPU).
-    """
-
-    name = "mgpu-runtime"
-    idempotent = True  # registered again (a second job on a cluster), the runtime is kept
-
-    def __init__(self, backend: str = "auto") -> None:
-        self.backend = backend
-        self.runtime: Runtime | None = None
-
-    def setup(self, worker: Any = None) -> None:
-        backend = self.backend
-        if backend == "auto":
-            backend = "cuda" if _has_cuda() else "cpu"
-        self.runtime = Runtime(_cuda_device() if backend == "cuda" else _cpu_device(worker))
-
-    def teardown(self, worker: Any = None) -> None:
-        runtime, self.runtime = self.runtime, None
-        if runtime is not None:
-            runtime.close()
-
-
-def current(worker: Any = None) -> Runtime:
-    """The runtime of the worker this task runs on, or of ``worker`` where given (in a worker
-    plugin's setup, or a function run by ``Client.run``: neither runs as a task).
-
-    Raises
-    ------
-    RuntimeError
-        Outside a worker, or on a worker without the :class:`RuntimeSetup` plugin.
-    """
-    if worker is None:
-        try:
-            worker = get_worker()
-        except ValueError:
-            raise RuntimeError(
-                "mgpu's worker runtime is reached from a task on a Dask worker; this is not one"
-            ) from None
-    plugin = getattr(worker, "plugins", {}).get(RuntimeSetup.name)
-    runtime = getattr(plugin, "runtime", None)
-    if runtime is None:
-        raise RuntimeError(
-            f"worker {getattr(worker, 'address', worker)} has no mgpu runtime; tasks must run on a cluster "
-            "started by mgpu, or one whose workers have the RuntimeSetup plugin (mgpu.run registers it)"
-        )
-    return runtime
+def make_runtime(backend: str, worker: Any = None) -> Runtime:
+    """A runtime for ``worker`` on ``backend``: ``"cuda"``, ``"cpu"``, or ``"auto"`` (a GPU
+    where CuPy sees one: a worker of a cluster mgpu joined may or may not have one)."""
+    if backend == "auto":
+        backend = "cuda" if _has_cuda() else "cpu"
+    return Runtime(_cuda_device() if backend == "cuda" else _cpu_device(worker))
 
 
 def _has_cuda() -> bool:

@@ -195,13 +195,13 @@ class NpySource:
         itemsize = np.dtype(info.dtype).itemsize
         return info.offset + rows[0] * width * itemsize, (rows[1] - rows[0]) * width * itemsize
 
-    def warm_up(self, *, contiguous: bool) -> None:
+    def warm_up(self, dev: Device, *, contiguous: bool) -> None:
         """On a GPU worker, make what the first read of a block of this file (whole rows or
         not) would otherwise pay for: KvikIO's pool and bounce buffers, or the stager's
         pinned buffers (32 cudaHostAlloc calls, two a host thread)."""
         where = self.kvikio_range((0, self.info.shape[0]), None) if contiguous else None
         if where is None:
-            transfer.ready_buffers()
+            dev.staging.ready_buffers()
         else:
             io.warm_up(self.info.path, *where)
 

@@ -1,29 +1,65 @@
-"""What the client's tasks run on a worker: a workload's warm-up, a panel's making, a tile.
+"""The entry points of what the client runs on a worker: its tasks, and the functions it
+runs there with ``Client.run``.
 
-The routine around a tile (timing, counters, the check, the record) is :mod:`mgpu.worker.tile`;
-these are the tasks' entry points, which find the worker's device and what its runtime
-keeps (:mod:`mgpu.worker.runtime`).
+These alone look up the worker's runtime (:func:`current`); they hand its parts down to
+the routine around a tile (:mod:`mgpu.worker.tile`) and, through it, to the workloads.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 from distributed import get_worker
 
 from ..planner import Panel, Tile
 from ..workloads.base import TileRecord, Workload
-from . import device as _device
-from . import runtime
 from . import tile as _tile
+from .device import Device, DeviceFacts
 from .panels import PanelRef
+from .plugins import runtime_of
+from .runtime import Runtime
 
-__all__ = ["lost_stepped_tile", "make_panel", "release_steps", "run_tile", "step_tile", "warmup"]
+__all__ = [
+    "close_allocator_window",
+    "current",
+    "device_facts",
+    "end_job",
+    "lost_stepped_tile",
+    "make_panel",
+    "open_allocator_window",
+    "run_tile",
+    "step_tile",
+    "warmup",
+    "with_device",
+]
+
+T = TypeVar("T")
+
+
+def current(dask_worker: Any = None) -> Runtime:
+    """The runtime of the worker this task runs on, or of ``dask_worker`` where given (a
+    function run by ``Client.run`` is given its worker: it does not run as a task).
+
+    Raises
+    ------
+    RuntimeError
+        Outside a worker, or on a worker without mgpu's runtime plugin.
+    """
+    if dask_worker is None:
+        try:
+            dask_worker = get_worker()
+        except ValueError:
+            raise RuntimeError(
+                "mgpu's worker runtime is reached from a task on a Dask worker; this is not one"
+            ) from None
+    return runtime_of(dask_worker)
 
 
 def make_panel(workload: Workload, panel: Panel, token: str, after: PanelRef | None = None) -> PanelRef:
     """Make ``panel`` on this worker; ``after``, the worker's panel before it, only orders them."""
-    return _tile.make_panel(workload, _device.current(), panel, token)
+    rt = current()
+    return _tile.make_panel(workload, rt.device, panel, token, rt.panels)
 
 
 def _answer_hook() -> _tile.AnswerHook | None:
@@ -46,9 +82,17 @@ def run_tile(
 ) -> TileRecord:
     """Compute ``tile`` on this worker's device and return its record (``stepped``: the
     tile's last step, for a stepped plan)."""
-    rt = runtime.current()
+    rt = current()
     return _tile.run_tile(
-        workload, rt.device, tile, panels, token=token, hook=_answer_hook(), stepped=stepped, steps=rt.steps
+        workload,
+        rt.device,
+        tile,
+        panels,
+        token=token,
+        hook=_answer_hook(),
+        stepped=stepped,
+        steps=rt.steps,
+        panel_store=rt.panels,
     )
 
 
@@ -63,15 +107,10 @@ def step_tile(
     peers: frozenset[int],
 ) -> _tile.Sent:
     """Step ``step`` of a stepped tile on this worker's device (see :func:`mgpu.worker.tile.step_tile`)."""
-    rt = runtime.current()
+    rt = current()
     return _tile.step_tile(
         workload, rt.device, tile, step, token, previous, received, remote, peers, steps=rt.steps, buffers=rt.exchange
     )
-
-
-def release_steps(token: str, dask_worker: Any = None) -> int:
-    """Drop this worker's stepped tiles of one job (run on each worker once the job ends)."""
-    return runtime.current(dask_worker).steps.release(token)
 
 
 def lost_stepped_tile(index: int) -> None:
@@ -85,4 +124,46 @@ def lost_stepped_tile(index: int) -> None:
 def warmup(workload: Workload, tile: Tile) -> None:
     """Run the workload's warm-up on this worker's device (compiles kernels, makes handles),
     for tiles like ``tile``."""
-    workload.warmup(_device.current(), tile)
+    workload.warmup(current().device, tile)
+
+
+def with_device(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args, device)`` with this worker's device last: a measurement of the device
+    alone run as a task (the roofline's ceilings)."""
+    return fn(*args, current().device)
+
+
+def end_job(token: str, stage: Literal["close", "free"], dask_worker: Any = None) -> None:
+    """Let go of what this worker holds for the job ``token`` once every tile has ended.
+
+    Run on every worker twice: ``"close"`` drops the job's stepped tiles and closes what
+    this worker opened of the others' (exchange buffers, panels); ``"free"``, once every
+    worker has closed them, frees its own (an owner freeing memory a peer still has open
+    is undefined in CUDA IPC).
+    """
+    rt = current(dask_worker)
+    if stage == "close":
+        rt.close_opened(token)
+    else:
+        rt.free_own(token)
+
+
+def device_facts(dask_worker: Any = None) -> DeviceFacts:
+    """What this worker's device is (run by ``Client.run`` as the cluster opens)."""
+    return current(dask_worker).device.facts
+
+
+def open_allocator_window(dask_worker: Any = None) -> None:
+    """Start counting this worker's allocations for a job (before its warm-up)."""
+    tracker = current(dask_worker).device.extra.get("allocator")
+    if tracker is not None:
+        tracker.begin()
+
+
+def close_allocator_window(dask_worker: Any = None) -> dict[str, Any]:
+    """The allocator's figures since :func:`open_allocator_window` (see :mod:`mgpu.memory.stats`)."""
+    dev: Device = current(dask_worker).device
+    tracker = dev.extra.get("allocator")
+    if tracker is None:
+        return {"kind": "numpy" if not dev.is_gpu else "unknown"}
+    return tracker.end()

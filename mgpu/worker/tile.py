@@ -19,17 +19,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from ..planner import Panel, Tile
+from ..workloads.base import TileRecord, Workload
 from . import exchange
 from .device import Device, Timing
-
-if TYPE_CHECKING:
-    from ..planner import Panel, Tile
-    from ..workloads.base import TileRecord, Workload
-    from .panels import PanelRef
+from .panels import PanelRef, PanelStore
 
 __all__ = ["Sent", "StepStore", "TileContext", "make_panel", "new_record", "run_tile", "step_tile"]
 
@@ -45,9 +43,10 @@ class TileContext:
 
     ``dev`` offers the array module, this thread's streams (``stream``, ``copy_stream``,
     ``in_order``) and host<->device copies; ``panels`` maps the names in ``tile.needs`` to
-    the panels made for the job (:class:`~mgpu.worker.panels.PanelRef`); ``record`` is the record
-    being filled (``work``, ``value``, ``bytes_d2d``, ``extra`` are the workload's to set);
-    ``token`` names the job's run on the workers.
+    the panels made for the job (:class:`~mgpu.worker.panels.PanelRef`), and ``panel_store``
+    is where this worker keeps the panels it made and the peers' it opened (its runtime's);
+    ``record`` is the record being filled (``work``, ``value``, ``bytes_d2d``, ``extra``
+    are the workload's to set); ``token`` names the job's run on the workers.
     """
 
     dev: Device
@@ -57,6 +56,8 @@ class TileContext:
     token: str = ""
     timings: list[Timing] = field(default_factory=list)
     state: Any = None  # a stepped tile's, between its steps (see Workload.start)
+    # A tile run apart from a worker's runtime (a warm-up's, a test's) gets a store of its own.
+    panel_store: PanelStore = field(default_factory=PanelStore)
 
     @contextlib.contextmanager
     def timer(self, stream: Any = None, *, wait: bool = False) -> Iterator[Timing]:
@@ -79,8 +80,6 @@ class TileContext:
 
 def new_record(dev: Device, tile: Tile, start: float, **kwargs: Any) -> TileRecord:
     """A record of ``tile`` begun at ``start`` on this worker (stop: now)."""
-    from ..workloads.base import TileRecord
-
     return TileRecord(
         index=tile.index,
         worker=f"{socket.gethostname()}:{os.getpid()}",
@@ -255,6 +254,7 @@ def run_tile(
     hook: AnswerHook | None = None,
     stepped: Sent | None = None,
     steps: StepStore | None = None,
+    panel_store: PanelStore | None = None,
 ) -> TileRecord:
     """Run ``tile`` of ``workload`` on ``dev`` and return its record.
 
@@ -263,13 +263,16 @@ def run_tile(
     time of what the workload timed, the bytes staged in and out, what spilled, the
     check's error and verdict, and the wall clock at the steps ("checked", "written").
     ``stepped`` is the last step of a stepped tile (see :func:`step_tile`), whose context,
-    kept in ``steps`` since its first step, the tile ends with.
+    kept in ``steps`` since its first step, the tile ends with. ``panel_store`` holds the
+    worker's panels (its runtime's), where the tile finds ``panels``.
     """
     if stepped is None:
         fill = _counter(dev)
         ctx = TileContext(
             dev, new_record(dev, tile, time.time(), busy_s=0.0, work=0.0), workload.verify, panels or {}, token
         )
+        if panel_store is not None:
+            ctx.panel_store = panel_store
     else:
         if steps is None:
             raise ValueError(f"tile {tile.index} is stepped: run_tile needs the steps' store (steps=)")
@@ -302,14 +305,14 @@ def run_tile(
     return record
 
 
-def make_panel(workload: Workload, dev: Device, panel: Panel, token: str) -> PanelRef:
-    """Make ``panel`` on this worker; the reference returned carries the record of its making."""
-    from ..planner import Tile
-
-    start = time.time()
+def make_panel(workload: Workload, dev: Device, panel: Panel, token: str, panel_store: PanelStore) -> PanelRef:
+    """Make ``panel`` on this worker, kept in ``panel_store`` (its runtime's); the reference
+    returned carries the record of its making."""
+    record = new_record(dev, Tile(-1, panel.bounds), time.time(), busy_s=0.0, work=0.0, kind="panel")
     fill = _counter(dev)
-    ref = workload.make_panel(dev, panel, token)
-    record = new_record(dev, Tile(-1, panel.bounds), start, busy_s=0.0, work=0.0, kind="panel")
+    ctx = TileContext(dev, record, workload.verify, token=token, panel_store=panel_store)
+    ref = workload.make_panel(ctx, panel)
+    record.stop = time.time()
     record.extra["panel"] = panel.name
     fill(record)
     return dataclasses.replace(ref, record=record)

@@ -32,7 +32,7 @@ import numpy as np
 
 from .. import config
 
-__all__ = ["HostStaging", "Stager", "chunk_size", "load", "ready_buffers", "store"]
+__all__ = ["HostStaging", "Stager", "chunk_size", "load", "store"]
 
 BUFFERS = 2  # per host thread: one being filled while the other's DMA runs
 _PARALLEL_BYTES = 4 << 20  # below this a chunk is copied by the task's own thread
@@ -219,13 +219,6 @@ class HostStaging:
 
         # The buffers went back to CuPy's pinned pool; give its free blocks back to the OS.
         cupy.get_default_pinned_memory_pool().free_all_blocks()
-
-
-def ready_buffers(nbytes: int | None = None, timeout: float = 10.0, kind: str = "h2d") -> None:
-    """:meth:`HostStaging.ready_buffers` of the device of the worker this task runs on."""
-    from .device import current
-
-    current().staging.ready_buffers(nbytes, timeout, kind)
 
 
 class Stager:

@@ -237,6 +237,8 @@ class Workload(ABC, Generic[P]):
         sent to another worker crosses meanwhile (a band's interior, say, once its edge
         rows are done). By default nothing: ``step`` did it all."""
 
-    def make_panel(self, dev: Device, panel: Any, token: str) -> Any:
-        """Make ``panel`` (a :class:`~mgpu.planner.Panel` the plan named) on this worker."""
+    def make_panel(self, ctx: TileContext, panel: Any) -> Any:
+        """Make ``panel`` (a :class:`~mgpu.planner.Panel` the plan named) on this worker
+        (``ctx.dev``), kept in ``ctx.panel_store`` for the job ``ctx.token``
+        (:func:`mgpu.worker.panels.publish`)."""
         raise NotImplementedError(f"{self.name} plans no panels")

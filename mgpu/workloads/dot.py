@@ -247,7 +247,7 @@ class Dot(Workload[DotParams]):
         small = Dot(self.params.model_copy(update={"n": 4099, "input": "random"}), verify=True)
         run_tile(small, dev, Tile(-1, {"n": (0, 4099)}))
         if self.params.input != "random" and dev.is_gpu:
-            self.sources()[0].warm_up(contiguous=True)
+            self.sources()[0].warm_up(dev, contiguous=True)
 
     def reduce(self, records: list[TileRecord]) -> float:
         # In tile order, so the answer does not depend on which chunk finished first.

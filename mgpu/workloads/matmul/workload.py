@@ -16,10 +16,9 @@ from ...inputs import InputParams, Operand
 from ...planner import Panel, Plan, Tile, assign_contiguous, check_tile_count, split, split_by_size
 from ...roofline import median_seconds
 from ...sizes import format_bytes
-from ...worker import transfer
 from ...worker.device import Device, DeviceFacts
 from ...worker.kernels import matvec_f64, random_block
-from ...worker.panels import PanelRef, copy_rows, enable_all_peers, open_remote, peer_ordinal, publish, resident
+from ...worker.panels import PanelRef, copy_rows, enable_all_peers, peer_ordinal, publish, resident
 from ...worker.sources import NpySink, check_output_path
 from ...worker.tile import TileContext, run_tile
 from ..base import Workload
@@ -299,8 +298,9 @@ class Matmul(Workload[MatmulParams]):
             notes={"operands": "distributed"},
         )
 
-    def make_panel(self, dev: Device, panel: Panel, token: str) -> PanelRef:
+    def make_panel(self, ctx: TileContext, panel: Panel) -> PanelRef:
         p = self.params
+        dev = ctx.dev
         src_a, src_b = self.sources()
         if panel.operand == "a":
             r0, r1 = panel.bounds["m"]
@@ -308,7 +308,7 @@ class Matmul(Workload[MatmulParams]):
         else:
             c0, c1 = panel.bounds["n"]
             shape, read = (p.k, c1 - c0), lambda out: src_b.read_into(dev, out, (0, p.k), (c0, c1))
-        return publish(dev, token, panel.name, shape, p.dtype, read)
+        return publish(ctx.panel_store, dev, ctx.token, panel.name, shape, p.dtype, read)
 
     def run(self, ctx: TileContext, tile: Tile) -> _Product | _Streamed:
         if ctx.panels:
@@ -350,13 +350,13 @@ class Matmul(Workload[MatmulParams]):
         (r0, r1), (c0, c1) = tile.bounds["m"], tile.bounds["n"]
         ref_a, ref_b = (ctx.panels[name] for name in tile.needs)
         src_a, src_b = self.sources()
-        a = resident(ref_a)
+        a = resident(ctx.panel_store, ref_a)
         if a is None:  # only if a worker was replaced: the tile's rows of A_i are made here again
             a = src_a.read(dev, (r0, r1), (0, p.k))
         else:  # the tile's rows of the panel
             first = tile.bounds.get("a_rows", (r0, r1))[0]
             a = a[r0 - first : r1 - first]
-        b = resident(ref_b)
+        b = resident(ctx.panel_store, ref_b)
         peer = peer_ordinal(ref_b) if b is None and dev.is_gpu else None
         if b is None and peer is None:  # no peer path (other node, CPU): this worker makes B_j itself
             b = src_b.read(dev, (0, p.k), (c0, c1))
@@ -397,7 +397,7 @@ class Matmul(Workload[MatmulParams]):
         copies: list[tuple[Any, Any]] = []
         br = cupy.empty(k, dtype=cupy.float64) if r is not None else None
         moved, c = 0, None
-        remote = open_remote(ref, peer)  # kept open until every tile has ended
+        remote = ctx.panel_store.open_remote(ref, peer)  # kept open until every tile has ended
 
         def enqueue(i: int) -> Any:
             nonlocal moved
@@ -500,10 +500,10 @@ class Matmul(Workload[MatmulParams]):
             enable_all_peers()  # the first enable costs tens of ms; not a tile's to pay
         if self.params.input != "random" and dev.is_gpu:
             # Whole rows through KvikIO: A's (panels, tiles of full width) or, streamed, B's.
-            self.sources()[1 if self.params.operands == "streamed" else 0].warm_up(contiguous=True)
-            transfer.ready_buffers()  # column blocks: the stager's pinned buffers
+            self.sources()[1 if self.params.operands == "streamed" else 0].warm_up(dev, contiguous=True)
+            dev.staging.ready_buffers()  # column blocks: the stager's pinned buffers
         if self.params.output and dev.is_gpu:
-            transfer.ready_buffers(kind="d2h")  # and the store threads', for C
+            dev.staging.ready_buffers(kind="d2h")  # and the store threads', for C
         if self.params.operands == "streamed" and "schedule" in tile.args and dev.is_gpu:
             with _tf32(dev, self.params.precision == "tf32"):
                 stream.warm_up(self, dev, tile)
