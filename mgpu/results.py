@@ -226,13 +226,14 @@ def build_result(
     else:
         verify = Verify(passed=None, method="off", max_rel_error=None)
     from .info import runtime_env
+    from .workloads.base import HostBytes
 
     throughput = _throughput(
         work / workload.unit_scale, compute_s, max((d.busy_s for d in rows), default=0.0), workload.unit
     )
-    host_bytes = workload.host_bytes()
+    host_bytes = workload.host_bytes() if isinstance(workload, HostBytes) else None
     pcie = None
-    if host_bytes is not None:
+    if isinstance(workload, HostBytes) and host_bytes is not None:
         pcie = Pcie(
             bytes=sum(d.bytes_h2d + d.bytes_d2h for d in rows),
             minimum_bytes=host_bytes,
@@ -244,7 +245,7 @@ def build_result(
         status="failed" if verify.passed is False else "ok",
         job=job.as_dict(),
         workload=job.workload,
-        value=workload.reduce(records),
+        value=workload.combine(records),
         backend=info.backend,
         devices=[{"id": f.id, "name": f.name, "memory": f.memory, "host": f.host} for f in info.devices.values()],
         wall_s=wall_s,

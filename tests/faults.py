@@ -1,9 +1,13 @@
-"""Worker plugins that reach into every tile's answer before its check (see
-mgpu.worker.tile.run_tile's ``hook``): one spoils a tile, for the tests that prove every
-workload's check fails a job; and one that holds every tile, for the tests that stop a job mid-way."""
+"""Faults the tests inject from their side: a tile whose answer is spoiled between its run
+and its check, for the tests that prove every workload's check fails a job; and tiles held
+before they start, for the tests that stop a job mid-way. Both are worker plugins that wrap
+the tile task's function in each worker's process (tasks name it by reference, so the
+workers find the wrapper); teardown puts it back."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import sys
 import time
@@ -16,47 +20,86 @@ from distributed import WorkerPlugin
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-class SpoilTile(WorkerPlugin):
-    """Spoil the answer of tile ``index`` of every job (``Workload.spoil``) on these workers."""
+def spoil(answer: Any) -> Any:
+    """``answer`` with its first part off by one everywhere, in place: the first field of a
+    dataclass, a number or an array. Every workload's answer
+    leads with what its check reads (a product, counts, a band, a sum)."""
+    if dataclasses.is_dataclass(answer):
+        name = dataclasses.fields(answer)[0].name
+        value = getattr(answer, name)
+        if isinstance(value, (int, float)):
+            setattr(answer, name, value + 1)
+        else:
+            value += 1  # an array, changed where it lies (on its device)
+        return answer
+    return answer + 1
 
-    name = "mgpu-test-spoil-tile"
 
-    def __init__(self, index: int) -> None:
-        self.index = index
+def spoiled(workload: Any) -> Any:
+    """A copy of ``workload`` whose ``run`` spoils every answer it returns (see :func:`spoil`):
+    an instance of a subclass made here, so the core sees the workload it knows."""
+    cls = type(workload)
+    subclass = type(f"Spoiled{cls.__name__}", (cls,), {"run": lambda self, ctx, tile: spoil(cls.run(self, ctx, tile))})
+    twin = copy.copy(workload)
+    twin.__class__ = subclass
+    return twin
 
-    def on_answer(self, workload: Any, tile: Any, answer: Any) -> Any:
-        return workload.spoil(answer) if tile.index == self.index else answer
 
+class _WrapsRunTile(WorkerPlugin):
+    """Replace ``mgpu.worker.tasks.run_tile`` in the worker's process with :meth:`wrap`'s."""
 
-class SlowTiles(WorkerPlugin):
-    """Hold every tile ``seconds`` before it starts, on these workers, so that a job is still
-    running when a test kills a worker, changes an input or interrupts mgpu.
-
-    It wraps the tile task's function in each worker's process (tasks name it by reference,
-    so the workers find the wrapper); teardown puts it back.
-    """
-
-    name = "mgpu-test-slow-tiles"
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    def __init__(self) -> None:
         self._real: Any = None
+
+    def wrap(self, real: Any) -> Any:
+        raise NotImplementedError
 
     def setup(self, worker: Any = None) -> None:
         import mgpu.worker.tasks
 
-        real = self._real = mgpu.worker.tasks.run_tile
-        seconds = self.seconds
-
-        @functools.wraps(real)
-        def slow(*args: Any, **kwargs: Any) -> Any:
-            time.sleep(seconds)
-            return real(*args, **kwargs)
-
-        mgpu.worker.tasks.run_tile = slow
+        self._real = mgpu.worker.tasks.run_tile
+        mgpu.worker.tasks.run_tile = functools.wraps(self._real)(self.wrap(self._real))
 
     def teardown(self, worker: Any = None) -> None:
         import mgpu.worker.tasks
 
         if self._real is not None:
             mgpu.worker.tasks.run_tile = self._real
+
+
+class SpoilTile(_WrapsRunTile):
+    """Spoil the answer of tile ``index`` of every job on these workers (:func:`spoiled`)."""
+
+    name = "mgpu-test-spoil-tile"
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+
+    def wrap(self, real: Any) -> Any:
+        index = self.index
+
+        def spoiling(workload: Any, tile: Any, *args: Any, **kwargs: Any) -> Any:
+            return real(spoiled(workload) if tile.index == index else workload, tile, *args, **kwargs)
+
+        return spoiling
+
+
+class SlowTiles(_WrapsRunTile):
+    """Hold every tile ``seconds`` before it starts, on these workers, so that a job is still
+    running when a test kills a worker, changes an input or interrupts mgpu."""
+
+    name = "mgpu-test-slow-tiles"
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def wrap(self, real: Any) -> Any:
+        seconds = self.seconds
+
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(seconds)
+            return real(*args, **kwargs)
+
+        return slow

@@ -312,3 +312,38 @@ def test_a_function_level_import_from_below_closes_a_circle():
     assert graph["pkg.device"] == {"pkg.runtime"}
     assert graph["pkg.tile"] == set()  # for the type checker only
     assert import_circles(graph) == [["pkg.device", "pkg.runtime"]]
+
+
+# --- the plug-in contract ---------------------------------------------------------------------
+
+PLUG_IN = PACKAGE.parent / "examples" / "mgpu-stencil" / "mgpu_stencil"
+
+
+def mgpu_imports(source: str) -> set[str]:
+    """The mgpu modules ``source`` imports from (``from mgpu.x import y`` names ``mgpu.x``;
+    ``from mgpu import x`` names ``mgpu.x``), anywhere in it."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "mgpu"}
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "mgpu":
+            if node.module == "mgpu":
+                found |= {f"mgpu.{a.name}" for a in node.names}
+            else:
+                found.add(node.module or "")
+    return found
+
+
+def test_the_stencil_plug_in_imports_only_the_public_contract():
+    used = {path.name: mgpu_imports(path.read_text()) for path in sorted(PLUG_IN.glob("*.py"))}
+    assert set().union(*used.values()) == {"mgpu.workload"}, used
+
+
+def test_every_name_the_contract_exports_is_there():
+    import mgpu.workload
+
+    assert all(hasattr(mgpu.workload, name) for name in mgpu.workload.__all__)
+    assert mgpu_imports("from mgpu.workload import Workload\nfrom mgpu import workload\nimport mgpu.worker.tile\n") == {
+        "mgpu.workload",
+        "mgpu.worker.tile",
+    }

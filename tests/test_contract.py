@@ -1,8 +1,9 @@
 """The contract every registered workload keeps (built-ins and installed plug-ins alike).
 
 Parametrised over the registry: the plan is data and planning leaves the workload as it
-was; every tile of a job is checked; a spoiled tile fails the job; bad params exit 2 and
-name the key; roofline knows the unit of the ceiling a job is set against.
+was; every tile of a job is checked; a tile whose answer the tests spoil (faults.SpoilTile,
+from the test side) fails the job; bad params exit 2 and name the key; roofline knows the
+unit of the ceiling a job is set against.
 """
 
 from __future__ import annotations

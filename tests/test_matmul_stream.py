@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import submit_json, write_job
+from faults import spoiled
 
 from mgpu.errors import JobInputError
 from mgpu.workloads.matmul import stream as ms
@@ -129,7 +130,7 @@ def test_a_corrupted_streamed_product_fails_its_check(tmp_path, monkeypatch):
     (tile,) = plan.tiles
     assert plan.notes["operands"] == "streamed" and tile.args["schedule"]["block_rows"] == 16
     assert run_tile(job, dev, tile).verify_ok is True
-    bad = run_tile(job, dev, tile, hook=lambda workload, t, answer: workload.spoil(answer))
+    bad = run_tile(spoiled(job), dev, tile)
     assert bad.verify_ok is False and bad.verify_error > 1e-6
 
 

@@ -19,7 +19,7 @@ from mgpu.spec import ClusterSpec
 from mgpu.worker import tasks
 from mgpu.worker import tile as routine
 from mgpu.worker.exchange import PeerBuffers
-from mgpu.workloads.base import Workload
+from mgpu.workloads.base import Stepped, Workload
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers need not import the tests
 
@@ -30,7 +30,7 @@ class RelayParams(BaseModel):
     steps: int = 4
 
 
-class Relay(Workload):
+class Relay(Workload, Stepped):
     """Tile i starts at i + 1; at every step it adds what its neighbours held a step before."""
 
     name = "relay"
@@ -72,9 +72,6 @@ class Relay(Workload):
         ctx.record.value = float(answer["value"][0])
         ctx.record.extra["seen"] = answer["seen"]
         return False
-
-    def spoil(self, answer: dict) -> dict:
-        return answer
 
 
 def _relay(n: int, steps: int) -> np.ndarray:

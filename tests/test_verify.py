@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import invoke, start_local_cluster, write_job
 from distributed import Client
-from faults import SpoilTile
+from faults import SpoilTile, spoiled
 
 from mgpu.worker import kernels
 
@@ -91,10 +91,10 @@ def test_the_fault_is_real_when_verification_is_off(tmp_path, faulty_scheduler):
     a = kernels.random_block(np, seed=0, operand=0, rows=(0, 8), cols=(0, 3), total_cols=3, dtype="float32")
     b = kernels.random_block(np, seed=0, operand=1, rows=(0, 3), cols=(0, 10), total_cols=10, dtype="float32")
     diff = np.load(out).astype(np.float64) - a.astype(np.float64) @ b.astype(np.float64)
-    # Tiles of 4 x 5 in row-major order: tile 1 is rows 0-3, columns 5-9; its [0, 0] is C[0, 5].
+    # Tiles of 4 x 5 in row-major order: tile 1 is rows 0-3, columns 5-9, each off by one.
     wrong = np.argwhere(np.abs(diff) > 1e-5)
-    assert wrong.tolist() == [[0, 5]]
-    assert diff[0, 5] == pytest.approx(1.0, abs=1e-5)
+    assert wrong.tolist() == [[r, c] for r in range(4) for c in range(5, 10)]
+    assert diff[:4, 5:] == pytest.approx(np.ones((4, 5)), abs=1e-5)
 
 
 def test_healthy_cluster_passes_the_same_job(tmp_path, scheduler):
@@ -168,5 +168,5 @@ def test_a_product_of_same_signed_operands_passes_its_check_by_a_wide_margin(tmp
     for tile in job.plan({"w": dev.facts}, 1 << 30, {}).tiles:
         record = run_tile(job, dev, tile)
         assert record.verify_ok is True and record.verify_error < job.tolerance() / 20, record.verify_error
-        bad = run_tile(job, dev, tile, hook=lambda workload, t, answer: workload.spoil(answer))
+        bad = run_tile(spoiled(job), dev, tile)
         assert bad.verify_ok is False

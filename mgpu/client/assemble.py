@@ -14,7 +14,7 @@ from ..planner import Plan
 from ..results import Recovery, Result, Startup, build_result
 from ..spec import Job
 from ..worker.tasks import close_allocator_window
-from ..workloads.base import TileRecord, Workload
+from ..workloads.base import Outputs, TileRecord, Workload
 
 __all__ = ["assemble", "reference_beside"]
 
@@ -53,7 +53,7 @@ def assemble(
     outputs: list[str] = []
     sinks = list(workload.sinks.values())
     if passed is not False:
-        outputs = workload.finish(info.client)
+        outputs = workload.finish(info.client) if isinstance(workload, Outputs) else []
         for sink in sinks:
             sink.commit()
         outputs = [s.path for s in sinks if s.keep] + outputs

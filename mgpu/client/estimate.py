@@ -28,7 +28,7 @@ from ..spec import Job, check_one_cluster
 from ..worker.device import DeviceFacts
 from ..worker.sources import check_output_room
 from ..workloads import get_workload_class
-from ..workloads.base import Workload
+from ..workloads.base import Estimates, HostBytes, Workload
 from .plan import check_outputs_distinct, plan_job, prepare
 
 __all__ = ["DryRun", "Estimate", "as_json", "describe", "dry_run", "estimate", "local_ceilings"]
@@ -75,6 +75,8 @@ def estimate(
     key = workload.ceiling()
     names = set.intersection(*(set(c) for c in ceilings.values()))
     rates = {name: min(c[name] for c in ceilings.values()) for name in names}
+    if not isinstance(workload, Estimates):
+        return None
     seconds = workload.expected_seconds(plan, rates, len(ceilings))
     if seconds is None:
         return None
@@ -82,7 +84,7 @@ def estimate(
     amount = f"{work / workload.unit_scale:.4g} {workload.unit.split('/')[0]} " if work else ""
     measured = ", measured on every worker at once" if at_once else ""
     basis = f"{amount}at {len(ceilings)} x {rates[key]:.4g} {workload.unit} ({key}{measured})"
-    host = workload.host_bytes()
+    host = workload.host_bytes() if isinstance(workload, HostBytes) else None
     pcie = [c.get("h2d_pinned") for c in ceilings.values()]
     if host and all(pcie):
         pcie_s = host / 1e9 / sum(pcie)  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ from ..planner import Plan, check_tiling_keys
 from ..spec import Job
 from ..worker.device import DeviceFacts
 from ..workloads import get_workload_class
-from ..workloads.base import Workload
+from ..workloads.base import Outputs, Workload
 
 __all__ = ["Prepared", "check_outputs_distinct", "plan_job", "prepare"]
 
@@ -28,7 +28,8 @@ def prepare(job: Job) -> Prepared:
     workload_cls = get_workload_class(job.workload)
     workload = workload_cls(job.params, verify=job.verify)
     tiling = check_tiling_keys(job.tiling, workload_cls.axes, job.workload)
-    workload.prepare(force=job.force)
+    if isinstance(workload, Outputs):
+        workload.prepare(force=job.force)
     return Prepared(job, workload, tiling)
 
 

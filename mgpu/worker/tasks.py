@@ -62,17 +62,6 @@ def make_panel(workload: Workload, panel: Panel, token: str, after: PanelRef | N
     return _tile.make_panel(workload, rt.device, panel, token, rt.panels)
 
 
-def _answer_hook() -> _tile.AnswerHook | None:
-    """The ``on_answer`` of a worker plugin that has one (tests spoil a tile's answer
-    through it to prove the checks, or hold it to stop a job mid-way); None in every job."""
-    try:
-        worker = get_worker()
-    except ValueError:
-        return None
-    hooks = [hook for p in worker.plugins.values() if callable(hook := getattr(p, "on_answer", None))]
-    return hooks[0] if hooks else None
-
-
 def run_tile(
     workload: Workload,
     tile: Tile,
@@ -89,7 +78,6 @@ def run_tile(
         tile,
         panels,
         token=token,
-        hook=_answer_hook(),
         stepped=stepped,
         steps=rt.steps,
         panel_store=rt.panels,

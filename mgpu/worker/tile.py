@@ -24,17 +24,12 @@ from typing import Any
 import numpy as np
 
 from ..planner import Panel, Tile
-from ..workloads.base import TileRecord, Workload
+from ..workloads.base import Stepped, TileRecord, Workload
 from . import exchange
 from .device import Device, Timing
 from .panels import PanelRef, PanelStore
 
 __all__ = ["Sent", "StepStore", "TileContext", "make_panel", "new_record", "run_tile", "step_tile"]
-
-# Called with (workload, tile, answer) between a tile's run and its check; returns the
-# answer the check sees. Tests set it on a worker (see tests/contract) to prove that a
-# spoiled answer fails its check; it is None in every job.
-AnswerHook = Callable[["Workload", "Tile", Any], Any]
 
 
 @dataclass
@@ -198,6 +193,8 @@ def step_tile(
     ``steps`` keeps the tile's context between its steps; ``buffers`` are the worker's of
     that exchange.
     """
+    if not isinstance(workload, Stepped):
+        raise TypeError(f"{workload.name} plans no steps: it is not a mgpu.workload.Stepped")
     with dev.on_stream():
         if dev.is_gpu:
             for sent in (previous, *received):
@@ -251,7 +248,6 @@ def run_tile(
     panels: dict[str, PanelRef] | None = None,
     *,
     token: str = "",
-    hook: AnswerHook | None = None,
     stepped: Sent | None = None,
     steps: StepStore | None = None,
     panel_store: PanelStore | None = None,
@@ -288,8 +284,6 @@ def run_tile(
         if stepped is not None and stepped.ready is not None:
             dev.stream.wait_event(stepped.ready)
         answer = workload.run(ctx, tile)
-        if hook is not None:
-            answer = hook(workload, tile, answer)
         if workload.verify:
             verdict = workload.check(ctx, tile, answer)
             if verdict is not None:  # None: judged on the client once every tile has ended

@@ -1,13 +1,15 @@
 """The contract every workload fulfils, and the record a tile task sends back to the client.
 
-A workload declares its parameters (a pydantic model; inputs through
-:class:`mgpu.inputs.InputParams`), plans a job into tiles (a :class:`~mgpu.planner.Plan`:
-pure data, each tile carrying what it needs in ``args``), computes one tile given a
-:class:`~mgpu.worker.tile.TileContext` (``run``), checks it (``check``), keeps its answer
-(``store``), combines the partial answers (``reduce``), and names and measures the
-ceiling that bounds it (``ceiling``, ``measure_ceilings``, ``ceiling_units``). The
-routine around a tile (timing, staging counters, spill accounting, the check, the
-record) is the core's: :func:`mgpu.worker.tile.run_tile`.
+Plug-ins reach these through :mod:`mgpu.workload`, whose docstring is the contract's
+description; this module defines them. A :class:`Workload` declares its parameters (a
+pydantic model; inputs through :class:`mgpu.inputs.InputParams`), plans a job into tiles
+(a :class:`~mgpu.planner.Plan`: pure data), computes one tile given a
+:class:`~mgpu.worker.tile.TileContext` (``run``), checks it (``check``), combines the
+partial answers (``combine``) and names the ceiling that bounds it (``ceiling``). What a
+workload may do beyond that it opts into by subclassing a capability: :class:`Estimates`,
+:class:`HostBytes`, :class:`Stepped`, :class:`Outputs`. The routine around a tile (timing,
+staging counters, spill accounting, the check, the record) is the core's:
+:func:`mgpu.worker.tile.run_tile`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ..worker.sources import NpySink
 if TYPE_CHECKING:
     from ..worker.tile import TileContext
 
-__all__ = ["TileRecord", "Workload"]
+__all__ = ["Estimates", "HostBytes", "Outputs", "Stepped", "TileRecord", "Workload"]
 
 
 @dataclass
@@ -65,7 +67,8 @@ class Workload(ABC, Generic[P]):
 
     Subclasses set ``name``, ``Params`` (a pydantic model, ``extra="forbid"``),
     ``unit`` and ``axes`` (the names ``tiling:`` accepts), optionally ``size_params`` and
-    ``grow`` (for ``mgpu scale``), and implement the methods.
+    ``grow`` (for ``mgpu scale``), and implement ``plan``, ``run``, ``check`` and
+    ``ceiling``; ``combine``, ``store`` and the rest have defaults.
     The instance travels to the workers with each task, so it holds only parameters.
     """
 
@@ -90,14 +93,9 @@ class Workload(ABC, Generic[P]):
     def __init__(self, params: P, *, verify: bool = True) -> None:
         self.params = params
         self.verify = verify
-        self.sinks: dict[str, NpySink] = {}
+        self.sinks: dict[str, NpySink] = {}  # the outputs' files (see Outputs.prepare)
 
-    # -- on the client -------------------------------------------------------------
-    def prepare(self, *, force: bool) -> None:
-        """Check outputs and create their temporary files (the sinks); before any task.
-        Nothing by default: a workload without outputs has none to check."""
-        return None
-
+    # -- what every workload defines -------------------------------------------------
     @abstractmethod
     def plan(
         self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *, spill: bool = False
@@ -107,80 +105,6 @@ class Workload(ABC, Generic[P]):
         With ``spill`` a task may exceed the budget (its excess goes to managed memory);
         without it, a job whose smallest tile does not fit raises JobInputError.
         """
-
-    @abstractmethod
-    def ceiling(self) -> str:
-        """The name of the ceiling this job is bound by: one of ``ceiling_units`` or of the
-        device's own (:data:`mgpu.roofline.DEVICE_CEILINGS`, e.g. ``"copy"``)."""
-
-    @classmethod
-    def measure_ceilings(cls, dev: Device) -> dict[str, float]:
-        """Measure the rates named in ``ceiling_units`` on ``dev`` alone (a task on a worker,
-        its stream current), in those units; a rate this backend cannot run may be left out.
-        :func:`mgpu.roofline.median_seconds` times a call as every ceiling is timed."""
-        return {}
-
-    def expected_work(self, plan: Plan) -> float | None:
-        """The work the plan's tiles will do (flops, bytes or iterations, as records count
-        it), known before they run; None where it cannot be said."""
-        return None
-
-    def expected_seconds(self, plan: Plan, rates: dict[str, float], devices: int) -> float | None:
-        """Seconds the plan's tiles should take on ``devices`` devices of these ceilings
-        (name -> rate, see :mod:`mgpu.roofline`): by default the work at the rate of the
-        workload's ceiling, spread evenly. None where the work or the rate is unknown."""
-        work = self.expected_work(plan)
-        rate = rates.get(self.ceiling())
-        if work is None or not rate:
-            return None
-        return work / self.unit_scale / rate / devices
-
-    def reduce(self, records: list[TileRecord]) -> float | None:
-        """The job's scalar answer from the tiles' records, where it has one."""
-        return None
-
-    def bound_note(self) -> str | None:
-        """What the work set against the ceiling counts, where a reader could take it for
-        something else (a dot of made inputs counts their writing and their reading)."""
-        return None
-
-    def host_bytes(self) -> int | None:
-        """Bytes that must cross PCIe at least (inputs read once, output written once) when
-        the job's data lives on the host (files); None when it is made on the devices."""
-        return None
-
-    def budget_host_bytes(self, plan: Plan) -> int | None:
-        """The fewest bytes PCIe could carry under the plan's budget (at least
-        :meth:`host_bytes`), where the workload knows; else None."""
-        return None
-
-    def naive_host_bytes(self, plan: Plan) -> int | None:
-        """Bytes PCIe would carry had every tile read its own inputs from the host."""
-        return None
-
-    def reference(self, plan: Plan) -> Any:
-        """Check data made apart from the tiles, or None (the default: tiles check themselves).
-
-        Runs in a process beside the client while the tiles run, so a check that costs CPU
-        time (Mandelbrot's reference counts) never holds a GPU back.
-        """
-        return None
-
-    def judge(self, records: list[TileRecord], reference: Any) -> None:
-        """Complete the records' checks against ``reference``, once every tile has ended.
-        Nothing by default: the tiles checked themselves."""
-        return None
-
-    def finish(self, client: Any) -> list[str]:
-        """Work after every tile passed (a worker renders a PNG, say); returns extra outputs."""
-        return []
-
-    # -- on a worker ---------------------------------------------------------------
-    def warmup(self, dev: Device, tile: Tile) -> None:
-        """Run a tiny tile's kernels once, untimed: compiles them and creates library
-        handles so the first real tile is not charged for it. ``tile`` is one of the
-        plan's (its size and args are the job's)."""
-        return None  # nothing to warm up by default
 
     @abstractmethod
     def run(self, ctx: TileContext, tile: Tile) -> Any:
@@ -198,25 +122,109 @@ class Workload(ABC, Generic[P]):
         """Check ``answer`` on the worker (only when the job verifies): its error and
         whether it passes; or None when the client judges it (see ``reference``, ``judge``)."""
 
-    def store(self, ctx: TileContext, tile: Tile, answer: Any) -> bool:
-        """Put ``answer`` where the job keeps it (the sinks, the record's ``value``);
-        returns whether anything was written to an output."""
-        return False
+    def combine(self, records: list[TileRecord]) -> float | None:
+        """The job's scalar answer from the tiles' records (their ``value``), where it has
+        one; None by default."""
+        return None
 
     @abstractmethod
-    def spoil(self, answer: Any) -> Any:
-        """``answer`` with one element changed, so that a correct check must fail it.
+    def ceiling(self) -> str:
+        """The name of the ceiling this job is bound by: one of ``ceiling_units`` or of the
+        device's own (:data:`mgpu.roofline.DEVICE_CEILINGS`, e.g. ``"copy"``)."""
 
-        Only the tests call it (through a worker plugin's ``on_answer``, see
-        :func:`mgpu.worker.tile.run_tile`), to prove that every workload's check catches a fault.
+    # -- what every workload may change --------------------------------------------------
+    def store(self, ctx: TileContext, tile: Tile, answer: Any) -> bool:
+        """Put ``answer`` where the job keeps it (the sinks, the record's ``value``);
+        returns whether anything was written to an output. Nothing by default."""
+        return False
+
+    def warmup(self, dev: Device, tile: Tile) -> None:
+        """Run a tiny tile's kernels once, untimed: compiles them and creates library
+        handles so the first real tile is not charged for it. ``tile`` is one of the
+        plan's (its size and args are the job's)."""
+        return None  # nothing to warm up by default
+
+    @classmethod
+    def measure_ceilings(cls, dev: Device) -> dict[str, float]:
+        """Measure the rates named in ``ceiling_units`` on ``dev`` alone (a task on a worker,
+        its stream current), in those units; a rate this backend cannot run may be left out.
+        :func:`mgpu.roofline.median_seconds` times a call as every ceiling is timed."""
+        return {}
+
+    def reference(self, plan: Plan) -> Any:
+        """Check data made apart from the tiles, or None (the default: tiles check themselves).
+
+        Runs in a process beside the client while the tiles run, so a check that costs CPU
+        time (Mandelbrot's reference counts) never holds a GPU back.
         """
+        return None
 
-    # -- tiles that step (a plan with steps > 1) ------------------------------------
+    def judge(self, records: list[TileRecord], reference: Any) -> None:
+        """Complete the records' checks against ``reference``, once every tile has ended.
+        Nothing by default: the tiles checked themselves."""
+        return None
+
+    def bound_note(self) -> str | None:
+        """What the work set against the ceiling counts, where a reader could take it for
+        something else (a dot of made inputs counts their writing and their reading)."""
+        return None
+
+    def make_panel(self, ctx: TileContext, panel: Any) -> Any:
+        """Make ``panel`` (a :class:`~mgpu.planner.Panel` the plan named) on this worker
+        (``ctx.dev``), kept in ``ctx.panel_store`` for the job ``ctx.token``
+        (:func:`mgpu.worker.panels.publish`)."""
+        raise NotImplementedError(f"{self.name} plans no panels")
+
+
+class Estimates(ABC):
+    """A workload that knows its work before it runs: the client then says how long the
+    job should take (``mgpu submit --dry-run``, the Result's estimate)."""
+
+    @abstractmethod
+    def expected_work(self, plan: Plan) -> float | None:
+        """The work the plan's tiles will do (flops, bytes or iterations, as records count
+        it), known before they run; None where it cannot be said."""
+
+    def expected_seconds(self, plan: Plan, rates: dict[str, float], devices: int) -> float | None:
+        """Seconds the plan's tiles should take on ``devices`` devices of these ceilings
+        (name -> rate, see :mod:`mgpu.roofline`): by default the work at the rate of the
+        workload's ceiling, spread evenly. None where the work or the rate is unknown."""
+        work = self.expected_work(plan)
+        rate = rates.get(self.ceiling())  # type: ignore[attr-defined]
+        if work is None or not rate:
+            return None
+        return work / self.unit_scale / rate / devices  # type: ignore[attr-defined]
+
+
+class HostBytes(ABC):
+    """A workload whose data may live on the host (files): the bytes that must cross PCIe,
+    set against those its plan moves (the Result's ``transfer``)."""
+
+    @abstractmethod
+    def host_bytes(self) -> int | None:
+        """Bytes that must cross PCIe at least (inputs read once, output written once) when
+        the job's data lives on the host (files); None when it is made on the devices."""
+
+    def budget_host_bytes(self, plan: Plan) -> int | None:
+        """The fewest bytes PCIe could carry under the plan's budget (at least
+        :meth:`host_bytes`), where the workload knows; else None."""
+        return None
+
+    def naive_host_bytes(self, plan: Plan) -> int | None:
+        """Bytes PCIe would carry had every tile read its own inputs from the host."""
+        return None
+
+
+class Stepped(ABC):
+    """A workload whose tiles keep their state on their worker and step together,
+    exchanging data with their neighbours (a plan with ``steps`` > 1; see ``Tile.neighbours``)."""
+
+    @abstractmethod
     def start(self, ctx: TileContext, tile: Tile) -> Any:
         """Make the tile's state on its worker before its first step (it stays there, in
         ``ctx.state``, until the tile ends)."""
-        raise NotImplementedError(f"{self.name} plans no steps")
 
+    @abstractmethod
     def step(self, ctx: TileContext, tile: Tile, step: int, received: dict[int, Any]) -> dict[int, Any]:
         """Advance the tile's state (``ctx.state``) by step ``step``.
 
@@ -230,15 +238,23 @@ class Workload(ABC, Generic[P]):
         reused while a neighbour's stream still reads them. After the last step, ``run``
         makes the tile's answer from the state.
         """
-        raise NotImplementedError(f"{self.name} plans no steps")
 
     def finish_step(self, ctx: TileContext, tile: Tile, step: int) -> None:
         """The rest of step ``step``, after ``step`` made what the neighbours get: what is
         sent to another worker crosses meanwhile (a band's interior, say, once its edge
         rows are done). By default nothing: ``step`` did it all."""
+        return None
 
-    def make_panel(self, ctx: TileContext, panel: Any) -> Any:
-        """Make ``panel`` (a :class:`~mgpu.planner.Panel` the plan named) on this worker
-        (``ctx.dev``), kept in ``ctx.panel_store`` for the job ``ctx.token``
-        (:func:`mgpu.worker.panels.publish`)."""
-        raise NotImplementedError(f"{self.name} plans no panels")
+
+class Outputs(ABC):
+    """A workload that writes output files: checked and created before any task, renamed
+    into place only if every tile passed."""
+
+    @abstractmethod
+    def prepare(self, *, force: bool) -> None:
+        """Check the outputs and make their temporary files (``self.sinks``: name ->
+        :class:`~mgpu.worker.sources.NpySink`), on the client before any task."""
+
+    def finish(self, client: Any) -> list[str]:
+        """Work after every tile passed (a worker renders a PNG, say); returns extra outputs."""
+        return []

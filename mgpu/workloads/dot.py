@@ -18,7 +18,7 @@ from ..worker import io, kernels
 from ..worker.device import Device, DeviceFacts
 from ..worker.kernels import dot_check, dot_f64, random_pair_with_sums, to_host
 from ..worker.tile import TileContext, run_tile
-from .base import TileRecord, Workload
+from .base import Estimates, HostBytes, TileRecord, Workload
 from .checks import unit_roundoff
 
 __all__ = ["Dot", "DotParams"]
@@ -49,7 +49,7 @@ class DotParams(InputParams):
     dtype: Literal["float16", "float32", "float64"] = Field(None)  # type: ignore[arg-type]
 
 
-class Dot(Workload[DotParams]):
+class Dot(Workload[DotParams], Estimates, HostBytes):
     """Dot product in contiguous chunks, one run of chunks per worker."""
 
     name = "dot"
@@ -224,11 +224,8 @@ class Dot(Workload[DotParams]):
         return error, bool(error <= unit_roundoff("float64") * (16 + np.sqrt(tile.size("n"))))
 
     def store(self, ctx: TileContext, tile: Tile, answer: _Sum) -> bool:
-        ctx.record.value = answer.value  # the partial answer reduce() adds up
+        ctx.record.value = answer.value  # the partial answer combine() adds up
         return False
-
-    def spoil(self, answer: _Sum) -> _Sum:
-        return _Sum(answer.value + 1.0, answer.x, answer.y, answer.want)
 
     def bound_note(self) -> str | None:
         p = self.params
@@ -249,7 +246,7 @@ class Dot(Workload[DotParams]):
         if self.params.input != "random" and dev.is_gpu:
             self.sources()[0].warm_up(dev, contiguous=True)
 
-    def reduce(self, records: list[TileRecord]) -> float:
+    def combine(self, records: list[TileRecord]) -> float:
         # In tile order, so the answer does not depend on which chunk finished first.
         return float(sum(cast(float, r.value) for r in sorted(records, key=lambda r: r.index)))  # every tile has one
 

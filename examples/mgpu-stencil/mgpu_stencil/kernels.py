@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mgpu.worker.kernels import is_cupy
+from mgpu.workload import is_cupy
 
 __all__ = ["jacobi_step", "row_error"]
 
