@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import signal
 import sys
@@ -16,7 +17,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from . import __version__
 from .api import run_all
-from .bench.cli import bench
 from .client.estimate import Estimate
 from .client.watch import Events
 from .errors import JobFailed, JobInputError
@@ -139,7 +139,26 @@ def _devices_override(value: str) -> str:
     return "[" + ",".join(parts) + "]"
 
 
-@click.group(context_settings=_CONTEXT)
+# Commands whose modules load only when they run (or their help is asked for): the
+# benchmark harness is no part of a job's start-up.
+_ON_DEMAND = {"bench": "mgpu.bench.cli:bench"}
+
+
+class _Commands(click.Group):
+    """mgpu's commands, with those of :data:`_ON_DEMAND` imported when named."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *_ON_DEMAND})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in _ON_DEMAND:
+            module, _, attr = _ON_DEMAND[cmd_name].partition(":")
+            command: click.Command = getattr(importlib.import_module(module), attr)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_Commands, context_settings=_CONTEXT)
 @click.version_option(__version__, "--version", prog_name="mgpu")
 def cli() -> None:
     """mgpu: run large array jobs on every GPU of a node (or CPU workers) with Dask."""
@@ -565,9 +584,6 @@ def _wait_for_interrupt() -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-cli.add_command(bench)
 
 
 def main() -> None:

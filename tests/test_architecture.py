@@ -347,3 +347,18 @@ def test_every_name_the_contract_exports_is_there():
         "mgpu.workload",
         "mgpu.worker.tile",
     }
+
+
+# --- the harness on demand --------------------------------------------------------------------
+
+
+def test_the_command_line_loads_the_benchmark_harness_only_when_mgpu_bench_runs():
+    import subprocess
+    import sys
+
+    loaded = "import sys, mgpu.cli; print(sorted(m for m in sys.modules if m.split('.')[:2] == ['mgpu', 'bench']))"
+    out = subprocess.run([sys.executable, "-c", loaded], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    # The command is still there, and loads its suites when it runs.
+    listed = subprocess.run([sys.executable, "-m", "mgpu", "bench", "--help"], capture_output=True, text=True)
+    assert listed.returncode == 0 and "outofcore" in listed.stdout, listed.stderr
