@@ -19,6 +19,7 @@ from conftest import gpu_count  # noqa: E402
 from mgpu.client.run import run_job  # noqa: E402
 from mgpu.spec import validate_job  # noqa: E402
 from mgpu.worker import kernels  # noqa: E402
+from mgpu.workloads.dot import kernels as dot_kernels  # noqa: E402
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -56,7 +57,7 @@ def test_random_block_is_bit_identical_on_gpu(dtype, rows, cols, total):
 def test_random_block_launched_in_pieces_is_bit_identical(monkeypatch, dtype, rows, cols, total):
     # Pieces of 2^30 elements keep the kernel's index math 32-bit; 512-element pieces here
     # run the same splitting at a size NumPy can check.
-    monkeypatch.setattr(kernels, "_RANDOM_LAUNCH", 512)
+    monkeypatch.setattr(kernels, "RANDOM_LAUNCH", 512)
     kw = dict(seed=11, operand=0, rows=rows, cols=cols, total_cols=total, dtype=dtype)
     np.testing.assert_array_equal(
         _bits(cupy.asnumpy(kernels.random_block(cupy, **kw))), _bits(kernels.random_block(np, **kw))
@@ -66,10 +67,10 @@ def test_random_block_launched_in_pieces_is_bit_identical(monkeypatch, dtype, ro
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 @pytest.mark.parametrize("elements,launch", [((0, 100_003), 1 << 30), ((777, 50_000), 4096)])
 def test_random_pair_makes_the_vectors_and_sums_their_products(monkeypatch, dtype, elements, launch):
-    monkeypatch.setattr(kernels, "_RANDOM_LAUNCH", launch)
+    monkeypatch.setattr(kernels, "RANDOM_LAUNCH", launch)
     kw = dict(seed=4, operands=(0, 1), elements=elements, dtype=dtype)
-    x, y, sums = kernels.random_pair_with_sums(cupy, **kw)
-    cx, cy, csums = kernels.random_pair_with_sums(np, **kw)
+    x, y, sums = dot_kernels.random_pair_with_sums(cupy, **kw)
+    cx, cy, csums = dot_kernels.random_pair_with_sums(np, **kw)
     np.testing.assert_array_equal(_bits(cupy.asnumpy(x)), _bits(cx))
     np.testing.assert_array_equal(_bits(cupy.asnumpy(y)), _bits(cy))
     # The same products, grouped otherwise: float64 rounding apart only.
@@ -96,7 +97,7 @@ def test_dot_kernel_accumulates_in_float64(dtype, n, offset):
     x = rng.standard_normal(n + offset).astype(dtype)
     y = rng.standard_normal(n + offset).astype(dtype)
     want = float(np.dot(x[offset:].astype(np.float64), y[offset:].astype(np.float64)))
-    got = kernels.dot_f64(cupy, cupy.asarray(x)[offset:], cupy.asarray(y)[offset:])
+    got = dot_kernels.dot_f64(cupy, cupy.asarray(x)[offset:], cupy.asarray(y)[offset:])
     scale = float(np.abs(x[offset:].astype(np.float64) * y[offset:]).sum())
     assert abs(got - want) <= 1e-13 * scale
 
@@ -122,7 +123,7 @@ def test_dot_check_sums_products_and_their_magnitudes(n):
     rng = np.random.default_rng(n)
     x, y = rng.standard_normal(n).astype("float32"), rng.standard_normal(n).astype("float32")
     p = x.astype(np.float64) * y.astype(np.float64)
-    s, a = kernels.dot_check(cupy, cupy.asarray(x), cupy.asarray(y))
+    s, a = dot_kernels.dot_check(cupy, cupy.asarray(x), cupy.asarray(y))
     assert abs(s - p.sum()) <= 1e-13 * np.abs(p).sum()
     assert a == pytest.approx(np.abs(p).sum(), rel=1e-13)
 
@@ -595,8 +596,8 @@ def test_a_dot_from_files_is_reduced_piece_by_piece_as_kvikio_reads(tmp_path, mo
     pytest.importorskip("kvikio")
     from mgpu.planner import Tile
     from mgpu.worker.device import Device, DeviceFacts
-    from mgpu.workloads import dot
     from mgpu.workloads.dot import Dot, DotParams
+    from mgpu.workloads.dot import workload as dot
 
     monkeypatch.setattr(dot, "_PIECE_BYTES", 1 << 20)  # 256 Ki float32 a piece: 8 pieces
     dev = Device(

@@ -682,8 +682,8 @@ def test_only_file_jobs_on_gpus_make_their_readers_ready_in_their_warm_up(monkey
     from types import SimpleNamespace
 
     from mgpu.worker import io
-    from mgpu.workloads import dot
     from mgpu.workloads.dot import Dot, DotParams
+    from mgpu.workloads.dot import workload as dot
     from mgpu.workloads.matmul import workload as matmul
 
     readied: list[Any] = []
@@ -758,8 +758,8 @@ def test_a_dot_from_files_on_a_gpu_reduces_each_piece_as_it_lands(monkeypatch, t
     import math
 
     from mgpu.planner import Tile
-    from mgpu.workloads import dot
     from mgpu.workloads.dot import Dot, DotParams
+    from mgpu.workloads.dot import workload as dot
 
     dev, _ = _stand_in_gpu(monkeypatch, 2)
     dev.xp = np  # arrays in host memory stand in for device arrays; the kernels are NumPy's

@@ -10,16 +10,17 @@ from typing import Any, Literal, cast
 import numpy as np
 from pydantic import Field
 
-from ..errors import JobInputError
-from ..inputs import InputParams, Operand
-from ..planner import Plan, Tile, assign_contiguous, check_tile_count, split
-from ..sizes import format_bytes
-from ..worker import io, kernels
-from ..worker.device import Device, DeviceFacts
-from ..worker.kernels import dot_check, dot_f64, random_pair_with_sums, to_host
-from ..worker.tile import TileContext, run_tile
-from .base import Estimates, HostBytes, TileRecord, Workload
-from .checks import unit_roundoff
+from ...errors import JobInputError
+from ...inputs import InputParams, Operand
+from ...planner import Plan, Tile, assign_contiguous, check_tile_count, split
+from ...sizes import format_bytes
+from ...worker import io, kernels
+from ...worker.device import Device, DeviceFacts
+from ...worker.kernels import to_host
+from ...worker.tile import TileContext, run_tile
+from ..base import Estimates, HostBytes, TileRecord, Workload
+from ..checks import unit_roundoff
+from .kernels import dot_check, dot_f64, dot_scratch, random_pair_with_sums
 
 __all__ = ["Dot", "DotParams"]
 
@@ -132,7 +133,7 @@ class Dot(Workload[DotParams], Estimates, HostBytes):
         CPU's kernels' temporaries (the random chunks' hash, then the float64 pieces of
         the sums, one after the other); a GPU's kernels make none."""
         cpu = any(f.backend == "cpu" for f in devices.values())
-        return max(kernels.random_scratch(n), kernels.dot_scratch(n)) if cpu else 0
+        return max(kernels.random_scratch(n), dot_scratch(n)) if cpu else 0
 
     def run(self, ctx: TileContext, tile: Tile) -> _Sum:
         """Make or read the chunk's x and y and reduce them.
