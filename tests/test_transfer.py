@@ -699,12 +699,12 @@ def test_only_file_jobs_on_gpus_make_their_readers_ready_in_their_warm_up(monkey
         Dot(DotParams(input={"x": str(tmp_path / "x.npy"), "y": str(tmp_path / "y.npy")})),
         Matmul(MatmulParams(input=files)),
     ]
-    tiles = {Dot: Tile(0, {"n": (0, 10)}), Matmul: Tile(0, {"m": (0, 6), "n": (0, 4)}, args={"tk": 5})}
+    tiles = {"dot": Tile(0, {"n": (0, 10)}), "matmul": Tile(0, {"m": (0, 6), "n": (0, 4)}, args={"tk": 5})}
     for wl in from_files:
-        wl.warmup(_cpu_device(), tiles[type(wl)])
-        wl.warmup(gpu, tiles[type(wl)])
+        wl.warmup(_cpu_device(), tiles[wl.name])
+        wl.warmup(gpu, tiles[wl.name])
     for wl in (Dot(DotParams(n=10)), Matmul(MatmulParams(m=6, n=4, k=5))):
-        wl.warmup(gpu, tiles[type(wl)])
+        wl.warmup(gpu, tiles[wl.name])
     # The dot reads whole ranges (KvikIO); the matmul A's rows by KvikIO and column blocks staged.
     assert readied == [("kvikio", "x.npy"), ("kvikio", "a.npy"), "stager"]
 

@@ -36,13 +36,17 @@ from ...errors import JobInputError
 from ...planner import Plan, Tile, assign_contiguous, split, split_by_size
 from ...sizes import format_bytes
 from ...worker import transfer
+from ...worker.device import Device, DeviceFacts
 from ...worker.kernels import matvec_f64
 from ...worker.sources import NpySource
+from ...worker.tile import TileContext
 from ..checks import freivalds_vector
+from .workload import Matmul, _Product, _Streamed, _tf32
 
 __all__ = [
     "Schedule",
     "Step",
+    "StreamedMatmul",
     "budget_host_bytes",
     "choose",
     "host_bytes",
@@ -457,3 +461,37 @@ def _gemm(xp: Any, a: Any, b: Any, c: Any, *, first: bool) -> None:
         np.matmul(a, b, out=c)
     else:
         c += a @ b
+
+
+class StreamedMatmul(Matmul):
+    """Each device keeps its rows of C (as many as its budget holds) and streams A and B
+    through them by the schedule above."""
+
+    schedule = "streamed"
+
+    def plan(
+        self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *, spill: bool = False
+    ) -> Plan:
+        return plan(self, devices, budget, tiling, spill=spill)
+
+    def run(self, ctx: TileContext, tile: Tile) -> _Product | _Streamed:
+        if "schedule" not in tile.args:  # a warm-up's tile makes its own blocks
+            return self._run_blocks(ctx, tile)
+        p = self.params
+        with _tf32(ctx.dev, p.precision == "tf32"):
+            out = run(self, ctx, tile)
+        (r0, r1), (c0, c1) = tile.bounds["m"], tile.bounds["n"]
+        ctx.record.work = 2.0 * (r1 - r0) * (c1 - c0) * p.k
+        return _Streamed(out["cr"], out["abr"])
+
+    def naive_host_bytes(self, plan: Plan) -> int | None:
+        return None if self.host_bytes() is None else host_bytes(self, plan)  # what the plan moves
+
+    def budget_host_bytes(self, plan: Plan) -> int | None:
+        return None if self.host_bytes() is None else budget_host_bytes(self, plan)
+
+    def warmup(self, dev: Device, tile: Tile) -> None:
+        super().warmup(dev, tile)
+        if "schedule" in tile.args and dev.is_gpu:
+            with _tf32(dev, self.params.precision == "tf32"):
+                warm_up(self, dev, tile)

@@ -6,7 +6,7 @@ import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -23,10 +23,9 @@ from ...worker.sources import NpySink, check_output_path
 from ...worker.tile import TileContext, run_tile
 from ..base import Estimates, HostBytes, Outputs, Workload
 from ..checks import freivalds_vector, relative_residual, unit_roundoff
-from . import stream
 from .planning import choose_matmul_tiles, cpu_working_set, matmul_working_set
 
-__all__ = ["Matmul", "MatmulParams"]
+__all__ = ["DistributedMatmul", "Matmul", "MatmulParams", "PerTileMatmul"]
 
 # The warm-up product keeps the tile's m and n (cuBLAS chooses its kernel mostly by them)
 # with a short k, so it costs a few ms; its C stays under this many bytes.
@@ -110,7 +109,13 @@ def _tf32(dev: Device, enabled: bool) -> Iterator[None]:
 
 
 class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
-    """Dense matrix product, tiled over the output; each worker owns contiguous tiles."""
+    """Dense matrix product, tiled over the output; each worker owns contiguous tiles.
+
+    ``Matmul(params)`` makes the class of the schedule ``params.operands`` names (a
+    subclass whose ``schedule`` it is): :class:`PerTileMatmul`, :class:`DistributedMatmul`,
+    or the streamed one (:class:`~mgpu.workloads.matmul.stream.StreamedMatmul`). What they
+    share is here: the params, the check, the output, the ceilings, the estimate.
+    """
 
     name = "matmul"
     Params = MatmulParams
@@ -122,11 +127,13 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
     verify_method = "freivalds"
     example = {"m": 40, "n": 36, "k": 20}
     ceiling_units = {name: "TFLOP/s" for name in ("gemm_float16", "gemm_float32", "gemm_tf32", "gemm_float64")}
+    schedule: ClassVar[str]  # the params.operands a subclass runs
 
-    def __init__(self, params: MatmulParams, *, verify: bool = True) -> None:
-        super().__init__(params, verify=verify)
-        if params.operands == "distributed" and params.output:
-            self.concurrency = _WRITING_TILES  # tiles write their C into the file while another computes
+    def __new__(cls, params: MatmulParams | None = None, *, verify: bool = True) -> Matmul:
+        # Unpickled, or made as a subclass, the class is already the schedule's.
+        if cls is Matmul and params is not None:
+            cls = next(c for c in Matmul.__subclasses__() if c.schedule == params.operands)
+        return super().__new__(cls)
 
     def host_bytes(self) -> int | None:
         p = self.params
@@ -159,16 +166,9 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
         p = self.params
         if self.host_bytes() is None:
             return None
-        if p.operands == "streamed":  # what the plan moves
-            return stream.host_bytes(self, plan)
         itemsize = np.dtype(p.dtype).itemsize
         reads = sum(t.size("m") * p.k + p.k * t.size("n") for t in plan.tiles) if p.input != "random" else 0
         return itemsize * reads + (itemsize * p.m * p.n if p.output else 0)
-
-    def budget_host_bytes(self, plan: Plan) -> int | None:
-        if self.host_bytes() is None or self.params.operands != "streamed":
-            return None
-        return stream.budget_host_bytes(self, plan)
 
     def sources(self) -> tuple[Any, ...]:
         return self.params.sources()
@@ -179,14 +179,121 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
             path = check_output_path(p.output, key="params.output", suffix=".npy", force=force)
             self.sinks["c"] = NpySink.for_path(path, (p.m, p.n), p.dtype)
 
+    def _run_blocks(self, ctx: TileContext, tile: Tile) -> _Product:
+        """The tile's C, k block by k block, each block of A and B made or read for it."""
+        p = self.params
+        dev = ctx.dev
+        xp = dev.xp
+        (r0, r1), (c0, c1) = tile.bounds["m"], tile.bounds["n"]
+        src_a, src_b = self.sources()
+        r = abr = None
+        if ctx.verify:  # Freivalds: one random vector per output column, the same under any tiling
+            r = freivalds_vector(dev, p.seed, p.n, (c0, c1))
+            abr = xp.zeros(r1 - r0, dtype=xp.float64)
+        c = None
+        with _tf32(dev, p.precision == "tf32"):
+            for k0, k1 in split_by_size(p.k, tile.args.get("tk", p.k)):
+                a = src_a.read(dev, (r0, r1), (k0, k1))
+                b = src_b.read(dev, (k0, k1), (c0, c1))
+                with ctx.timer(wait=True):  # the next block is read once this product has run
+                    c = _gemm_accumulate(xp, a, b, c)
+                if abr is not None:
+                    abr += matvec_f64(xp, a, matvec_f64(xp, b, r))
+                del a, b
+        ctx.mark("queued")  # every block made or read and multiplied
+        ctx.record.work = 2.0 * (r1 - r0) * (c1 - c0) * p.k
+        return _Product(c, r, abr=abr)
+
+    def check(self, ctx: TileContext, tile: Tile, answer: _Product | _Streamed) -> tuple[float, bool]:
+        """Freivalds: C·r against A·(B·r), both in float64."""
+        xp = ctx.dev.xp
+        if isinstance(answer, _Streamed):  # both made as the rows were
+            error = relative_residual(xp, answer.cr, answer.abr)
+            return error, bool(error <= self.tolerance())
+        got = matvec_f64(xp, answer.c, answer.r)
+        want = answer.abr if answer.abr is not None else matvec_f64(xp, answer.a, answer.br)
+        error = relative_residual(xp, got, want)
+        return error, bool(error <= self.tolerance())
+
+    def store(self, ctx: TileContext, tile: Tile, answer: _Product | _Streamed) -> bool:
+        if "c" not in self.sinks:
+            return False
+        if isinstance(answer, _Streamed):  # written band by band as the rows were finished
+            return True
+        (r0, r1), (c0, c1) = tile.bounds["m"], tile.bounds["n"]
+        self.sinks["c"].write((slice(r0, r1), slice(c0, c1)), answer.c, ctx.dev)
+        return True
+
+    def ceiling(self) -> str:
+        return "gemm_tf32" if self.params.precision == "tf32" else f"gemm_{self.params.dtype}"
+
+    @classmethod
+    def measure_ceilings(cls, dev: Device) -> dict[str, float]:
+        """cuBLAS (or BLAS) GEMM of two random square matrices, per dtype and with TF32."""
+        xp, n = dev.xp, _CEILING_SIDE[dev.backend]
+        out: dict[str, float] = {}
+        for key, dtype, tf32 in (
+            ("gemm_float16", "float16", False),
+            ("gemm_float32", "float32", False),
+            ("gemm_tf32", "float32", True),
+            ("gemm_float64", "float64", False),
+        ):
+            if dtype == "float16" and not dev.is_gpu:
+                continue  # NumPy has no float16 BLAS; nothing to set a job against
+            a = random_block(xp, seed=0, operand=0, rows=(0, n), cols=(0, n), total_cols=n, dtype=dtype)
+            b = random_block(xp, seed=0, operand=1, rows=(0, n), cols=(0, n), total_cols=n, dtype=dtype)
+
+            def product(a: Any = a, b: Any = b) -> Any:
+                return xp.matmul(a, b)
+
+            with _tf32(dev, tf32):
+                seconds = median_seconds(dev, product)
+            out[key] = 2 * n**3 / seconds / 1e12
+        return out
+
+    def warmup(self, dev: Device, tile: Tile) -> None:
+        # The tile's own m and n, so cuBLAS picks (and loads) the kernel the tiles use; a
+        # smaller product may pick another, leaving that load, up to ~150 ms, to the first tile.
+        m, n = tile.size("m"), tile.size("n")
+        if self.params.operands == "streamed":  # its own products are warmed up below
+            m, n = min(m, 1024), min(n, 1024)
+        k = min(tile.args.get("tk", self.params.k), _WARMUP_K)
+        while m * n * np.dtype(self.params.dtype).itemsize > _WARMUP_C_BYTES:
+            m, n = max(1, m // 2), max(1, n // 2)
+        p = self.params.model_copy(
+            update={"m": m, "n": n, "k": k, "input": "random", "output": None, "operands": "per-tile"}
+        )
+        run_tile(PerTileMatmul(p, verify=True), dev, Tile(-1, {"m": (0, m), "n": (0, n)}, args={"tk": k}))
+        if self.params.operands == "distributed" and dev.is_gpu:
+            enable_all_peers()  # the first enable costs tens of ms; not a tile's to pay
+        if self.params.input != "random" and dev.is_gpu:
+            # Whole rows through KvikIO: A's (panels, tiles of full width) or, streamed, B's.
+            self.sources()[1 if self.params.operands == "streamed" else 0].warm_up(dev, contiguous=True)
+            dev.staging.ready_buffers()  # column blocks: the stager's pinned buffers
+        if self.params.output and dev.is_gpu:
+            dev.staging.ready_buffers(kind="d2h")  # and the store threads', for C
+
+    def tolerance(self) -> float:
+        """How far C·r may be from A·(B·r), relative to max|A·(B·r)|.
+
+        Rounding in a correct product leaves a residual near the unit roundoff of the
+        precision used (input rounding for TF32, the output's for float16); the sqrt(k)
+        term covers accumulation over long k. A wrong element shows up orders above.
+        """
+        p = self.params
+        u = unit_roundoff(p.dtype, tf32=p.precision == "tf32")
+        return u * (16 + np.sqrt(p.k))
+
+
+class PerTileMatmul(Matmul):
+    """Each tile makes or reads the blocks of A and B it multiplies, k block by k block."""
+
+    schedule = "per-tile"
+
     def plan(
         self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *, spill: bool = False
     ) -> Plan:
         p = self.params
-        if p.operands == "distributed":
-            return self._plan_distributed(devices, budget, tiling, spill=spill)
-        if p.operands == "streamed":
-            return stream.plan(self, devices, budget, tiling, spill=spill)
         itemsize = np.dtype(p.dtype).itemsize
         # A CPU's kernels make temporaries, and NumPy a second product; a GPU's neither.
         on_cpu = any(f.backend == "cpu" for f in devices.values())
@@ -223,8 +330,23 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
             budget=budget,
         )
 
-    def _plan_distributed(
-        self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *, spill: bool
+    def run(self, ctx: TileContext, tile: Tile) -> _Product:
+        return self._run_blocks(ctx, tile)
+
+
+class DistributedMatmul(Matmul):
+    """A's row panels and B's column panels made once, one of each per device; a tile reads
+    the B panel another GPU holds from that GPU directly (CUDA IPC over NVLink)."""
+
+    schedule = "distributed"
+
+    def __init__(self, params: MatmulParams, *, verify: bool = True) -> None:
+        super().__init__(params, verify=verify)
+        if params.output:
+            self.concurrency = _WRITING_TILES  # tiles write their C into the file while another computes
+
+    def plan(
+        self, devices: dict[str, DeviceFacts], budget: int, tiling: dict[str, int], *, spill: bool = False
     ) -> Plan:
         """A_i (rows of A) and B_i (columns of B) are panels on device i; tile (i, j) runs there.
 
@@ -310,37 +432,9 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
             shape, read = (p.k, c1 - c0), lambda out: src_b.read_into(dev, out, (0, p.k), (c0, c1))
         return publish(ctx.panel_store, dev, ctx.token, panel.name, shape, p.dtype, read)
 
-    def run(self, ctx: TileContext, tile: Tile) -> _Product | _Streamed:
-        if ctx.panels:
-            return self._run_from_panels(ctx, tile)
-        p = self.params
-        if p.operands == "streamed" and "schedule" in tile.args:
-            with _tf32(ctx.dev, p.precision == "tf32"):
-                out = stream.run(self, ctx, tile)
-            (r0, r1), (c0, c1) = tile.bounds["m"], tile.bounds["n"]
-            ctx.record.work = 2.0 * (r1 - r0) * (c1 - c0) * p.k
-            return _Streamed(out["cr"], out["abr"])
-        dev = ctx.dev
-        xp = dev.xp
-        (r0, r1), (c0, c1) = tile.bounds["m"], tile.bounds["n"]
-        src_a, src_b = self.sources()
-        r = abr = None
-        if ctx.verify:  # Freivalds: one random vector per output column, the same under any tiling
-            r = freivalds_vector(dev, p.seed, p.n, (c0, c1))
-            abr = xp.zeros(r1 - r0, dtype=xp.float64)
-        c = None
-        with _tf32(dev, p.precision == "tf32"):
-            for k0, k1 in split_by_size(p.k, tile.args.get("tk", p.k)):
-                a = src_a.read(dev, (r0, r1), (k0, k1))
-                b = src_b.read(dev, (k0, k1), (c0, c1))
-                with ctx.timer(wait=True):  # the next block is read once this product has run
-                    c = _gemm_accumulate(xp, a, b, c)
-                if abr is not None:
-                    abr += matvec_f64(xp, a, matvec_f64(xp, b, r))
-                del a, b
-        ctx.mark("queued")  # every block made or read and multiplied
-        ctx.record.work = 2.0 * (r1 - r0) * (c1 - c0) * p.k
-        return _Product(c, r, abr=abr)
+    def run(self, ctx: TileContext, tile: Tile) -> _Product:
+        # Without panels (a warm-up's tile) the tile makes its own blocks.
+        return self._run_from_panels(ctx, tile) if ctx.panels else self._run_blocks(ctx, tile)
 
     def _run_from_panels(self, ctx: TileContext, tile: Tile) -> _Product:
         """Tile (i, j) from resident panels: A_i here, B_j here or on a peer GPU."""
@@ -428,89 +522,6 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
         ctx.record.bytes_d2d = moved
         ctx.record.d2d_s = sum(cupy.cuda.get_elapsed_time(b, e) for b, e in copies) / 1e3
         return c, br
-
-    def check(self, ctx: TileContext, tile: Tile, answer: _Product | _Streamed) -> tuple[float, bool]:
-        """Freivalds: C·r against A·(B·r), both in float64."""
-        xp = ctx.dev.xp
-        if isinstance(answer, _Streamed):  # both made as the rows were
-            error = relative_residual(xp, answer.cr, answer.abr)
-            return error, bool(error <= self.tolerance())
-        got = matvec_f64(xp, answer.c, answer.r)
-        want = answer.abr if answer.abr is not None else matvec_f64(xp, answer.a, answer.br)
-        error = relative_residual(xp, got, want)
-        return error, bool(error <= self.tolerance())
-
-    def store(self, ctx: TileContext, tile: Tile, answer: _Product | _Streamed) -> bool:
-        if "c" not in self.sinks:
-            return False
-        if isinstance(answer, _Streamed):  # written band by band as the rows were finished
-            return True
-        (r0, r1), (c0, c1) = tile.bounds["m"], tile.bounds["n"]
-        self.sinks["c"].write((slice(r0, r1), slice(c0, c1)), answer.c, ctx.dev)
-        return True
-
-    def ceiling(self) -> str:
-        return "gemm_tf32" if self.params.precision == "tf32" else f"gemm_{self.params.dtype}"
-
-    @classmethod
-    def measure_ceilings(cls, dev: Device) -> dict[str, float]:
-        """cuBLAS (or BLAS) GEMM of two random square matrices, per dtype and with TF32."""
-        xp, n = dev.xp, _CEILING_SIDE[dev.backend]
-        out: dict[str, float] = {}
-        for key, dtype, tf32 in (
-            ("gemm_float16", "float16", False),
-            ("gemm_float32", "float32", False),
-            ("gemm_tf32", "float32", True),
-            ("gemm_float64", "float64", False),
-        ):
-            if dtype == "float16" and not dev.is_gpu:
-                continue  # NumPy has no float16 BLAS; nothing to set a job against
-            a = random_block(xp, seed=0, operand=0, rows=(0, n), cols=(0, n), total_cols=n, dtype=dtype)
-            b = random_block(xp, seed=0, operand=1, rows=(0, n), cols=(0, n), total_cols=n, dtype=dtype)
-
-            def product(a: Any = a, b: Any = b) -> Any:
-                return xp.matmul(a, b)
-
-            with _tf32(dev, tf32):
-                seconds = median_seconds(dev, product)
-            out[key] = 2 * n**3 / seconds / 1e12
-        return out
-
-    def warmup(self, dev: Device, tile: Tile) -> None:
-        # The tile's own m and n, so cuBLAS picks (and loads) the kernel the tiles use; a
-        # smaller product may pick another, leaving that load, up to ~150 ms, to the first tile.
-        m, n = tile.size("m"), tile.size("n")
-        if self.params.operands == "streamed":  # its own products are warmed up below
-            m, n = min(m, 1024), min(n, 1024)
-        k = min(tile.args.get("tk", self.params.k), _WARMUP_K)
-        while m * n * np.dtype(self.params.dtype).itemsize > _WARMUP_C_BYTES:
-            m, n = max(1, m // 2), max(1, n // 2)
-        p = self.params.model_copy(
-            update={"m": m, "n": n, "k": k, "input": "random", "output": None, "operands": "per-tile"}
-        )
-        run_tile(Matmul(p, verify=True), dev, Tile(-1, {"m": (0, m), "n": (0, n)}, args={"tk": k}))
-        if self.params.operands == "distributed" and dev.is_gpu:
-            enable_all_peers()  # the first enable costs tens of ms; not a tile's to pay
-        if self.params.input != "random" and dev.is_gpu:
-            # Whole rows through KvikIO: A's (panels, tiles of full width) or, streamed, B's.
-            self.sources()[1 if self.params.operands == "streamed" else 0].warm_up(dev, contiguous=True)
-            dev.staging.ready_buffers()  # column blocks: the stager's pinned buffers
-        if self.params.output and dev.is_gpu:
-            dev.staging.ready_buffers(kind="d2h")  # and the store threads', for C
-        if self.params.operands == "streamed" and "schedule" in tile.args and dev.is_gpu:
-            with _tf32(dev, self.params.precision == "tf32"):
-                stream.warm_up(self, dev, tile)
-
-    def tolerance(self) -> float:
-        """How far C·r may be from A·(B·r), relative to max|A·(B·r)|.
-
-        Rounding in a correct product leaves a residual near the unit roundoff of the
-        precision used (input rounding for TF32, the output's for float16); the sqrt(k)
-        term covers accumulation over long k. A wrong element shows up orders above.
-        """
-        p = self.params
-        u = unit_roundoff(p.dtype, tf32=p.precision == "tf32")
-        return u * (16 + np.sqrt(p.k))
 
 
 @dataclass
