@@ -169,6 +169,9 @@ def cli() -> None:
     "job_files", metavar="JOB_FILE...", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path)
 )
 @click.option("--devices", help="all, a count (2) or device ids (0,1); overrides cluster.devices")
+@click.option(
+    "--workers-per-device", metavar="N", help="worker processes per GPU; overrides cluster.workers_per_device"
+)
 @click.option("--backend", type=click.Choice(["auto", "cuda", "cpu"]), help="overrides cluster.backend")
 @click.option("--allocator", type=click.Choice(AllocatorChoice.names()), help="overrides cluster.allocator")
 @click.option("--scheduler", metavar="ADDR", help="join a running cluster (address or scheduler file)")
@@ -198,6 +201,7 @@ def cli() -> None:
 def submit(
     job_files: tuple[Path, ...],
     devices: str | None,
+    workers_per_device: str | None,
     backend: str | None,
     allocator: str | None,
     scheduler: str | None,
@@ -224,6 +228,7 @@ def submit(
         backend=backend,
         allocator=allocator,
         scheduler=scheduler,
+        workers_per_device=workers_per_device,
         dashboard=dashboard,
         no_dashboard=no_dashboard,
         no_verify=no_verify,
@@ -391,6 +396,11 @@ class _SweepReporter(_Reporter):
     "--repeat", type=click.IntRange(min=1), default=3, show_default=True, help="runs per device count and size"
 )
 @click.option("--weak", is_flag=True, help="grow the problem with the devices (the job's scale.grow)")
+@click.option(
+    "--workers-per-device",
+    metavar="N",
+    help="worker processes per GPU at every count; overrides cluster.workers_per_device",
+)
 @click.option("--sizes", metavar="KEY[,KEY]=V,V,...", help="sweep sizes, e.g. params.n=1e8,2e8 or m,n,k=2048,4096")
 @click.option("--backend", type=click.Choice(["auto", "cuda", "cpu"]), help="overrides cluster.backend")
 @click.option("--allocator", type=click.Choice(AllocatorChoice.names()), help="overrides cluster.allocator")
@@ -406,6 +416,7 @@ def scale(
     counts: str | None,
     repeat: int,
     weak: bool,
+    workers_per_device: str | None,
     sizes: str | None,
     backend: str | None,
     allocator: str | None,
@@ -422,7 +433,13 @@ def scale(
     from .scale import default_counts, parse_counts, parse_sizes, plan_sweep, run_sweep
 
     overrides = _overrides(
-        sets, backend=backend, allocator=allocator, dashboard=dashboard, no_dashboard=no_dashboard, no_verify=no_verify
+        sets,
+        backend=backend,
+        allocator=allocator,
+        workers_per_device=workers_per_device,
+        dashboard=dashboard,
+        no_dashboard=no_dashboard,
+        no_verify=no_verify,
     )
     console = Console(stderr=True, quiet=quiet)  # a line per run; the table goes to stdout
     reporter = _SweepReporter(console, show_progress=not quiet and console.is_terminal)

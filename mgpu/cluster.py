@@ -22,10 +22,11 @@ from distributed import Client, LocalCluster
 
 from . import config
 from .errors import JobInputError
-from .info import visible_gpu_count
+from .gpus import nvml_gpus, visible_count
 from .memory import AllocatorChoice, rmm_options
+from .sharing import shared_by
 from .signals import WORKER_PRELOAD, deferred
-from .sizes import resolve_size
+from .sizes import format_bytes, resolve_size
 from .spec import ClusterSpec
 from .worker.device import DeviceFacts, address_space_room
 from .worker.plugins import AllocatorStats, RuntimeSetup, SettingsSetup, SpillToManaged
@@ -34,12 +35,14 @@ from .worker.tasks import device_facts
 __all__ = [
     "ClusterInfo",
     "ResolvedCluster",
+    "budget_basis",
     "budget_for",
     "describe_workers",
     "expected_devices",
     "open_cluster",
     "resolve_cluster",
     "scheduler_address",
+    "worker_budget",
 ]
 
 # The per-device budget when memory_limit is "auto": room for the allocator and CUDA.
@@ -64,8 +67,9 @@ class ResolvedCluster:
     memory_limit: int | float | str  # "auto": AUTO_BUDGET of each worker's own kind
     scheduler: str | None
     dashboard: str | None
-    why: str = ""
-    spill: str = "none"  # "managed" only where it can work: GPU workers mgpu starts  # why this backend, for the first line the user sees
+    why: str = ""  # why this backend, for the first line the user sees
+    spill: str = "none"  # "managed" only where it can work: GPU workers mgpu starts
+    workers_per_device: int = 1  # worker processes mgpu starts on each GPU
 
 
 @dataclass
@@ -102,12 +106,48 @@ class ClusterInfo:
 
 def budget_for(memory_limit: int | float | str, devices: dict[str, DeviceFacts]) -> int:
     """Bytes each task may hold on its device under ``cluster.memory_limit``: the smallest
-    device's share."""
-    return min(
-        # "auto" is the only string a checked memory_limit holds.
-        resolve_size(AUTO_BUDGET[f.backend] if isinstance(memory_limit, str) else memory_limit, f.memory)
-        for f in devices.values()
-    )
+    worker's budget (see :func:`worker_budget`)."""
+    shared = shared_by(devices)
+    return min(worker_budget(memory_limit, f, shared[addr]) for addr, f in devices.items())
+
+
+def worker_budget(memory_limit: int | float | str, facts: DeviceFacts, shared: int = 1) -> int:
+    """One worker's budget, one of ``shared`` workers on its device.
+
+    ``cluster.memory_limit`` is a GPU's budget, which the workers sharing it split; a
+    worker whose allocator has a known size (an RMM pool's limit or size) gets no more
+    than that. Under ``auto`` such a worker gets its pool; one without gets
+    :data:`AUTO_BUDGET` of its device, its share of it (at most the memory free on the
+    device) where several share one. A CPU worker's memory is its own already (its
+    memory limit), so it is not split.
+    """
+    if facts.backend != "cuda":
+        shared = 1
+    if isinstance(memory_limit, str):  # "auto" is the only string a checked memory_limit holds
+        if facts.budget is not None:
+            return facts.budget
+        device = resolve_size(AUTO_BUDGET[facts.backend], facts.memory)
+        return device if shared == 1 else min(device // shared, facts.free)
+    share = resolve_size(memory_limit, facts.memory) // shared
+    return share if facts.budget is None else min(share, facts.budget)
+
+
+def budget_basis(memory_limit: int | float | str, devices: dict[str, DeviceFacts]) -> str:
+    """Where the budget :func:`budget_for` gives came from, for a message: the worker whose
+    budget is the smallest and what set it."""
+    shared = shared_by(devices)
+    addr, facts = min(devices.items(), key=lambda kv: worker_budget(memory_limit, kv[1], shared[kv[0]]))
+    budget = worker_budget(memory_limit, facts, shared[addr])
+    auto = isinstance(memory_limit, str)
+    if auto and facts.budget is not None:
+        why = "the size of its RMM pool"
+    elif facts.backend != "cuda":
+        why = f"{AUTO_BUDGET['cpu'] if auto else 'cluster.memory_limit'} of its memory limit, {format_bytes(facts.memory)}"
+    else:
+        why = f"{AUTO_BUDGET['cuda'] if auto else 'cluster.memory_limit'} of its GPU's {format_bytes(facts.memory)}"
+    if facts.backend == "cuda" and shared[addr] > 1:
+        why += f", shared by {shared[addr]} workers"
+    return f"the budget, {format_bytes(budget)} a worker, is worker {addr}'s: {why}"
 
 
 def expected_devices(rc: ResolvedCluster) -> dict[str, DeviceFacts] | None:
@@ -128,43 +168,23 @@ def expected_devices(rc: ResolvedCluster) -> dict[str, DeviceFacts] | None:
         memory = address_space_room(share or psutil.virtual_memory().total)
         return {f"cpu-{i}": DeviceFacts("cpu", i, "cpu", memory, memory, host) for i in range(len(rc.devices))}
     try:
-        return _nvml_facts(rc.devices, host)
+        return _nvml_facts(rc.devices, host, rc.workers_per_device)
     except Exception:
         return None
 
 
-def _nvml_facts(ordinals: list[int], host: str) -> dict[str, DeviceFacts]:
-    import pynvml
-
-    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    pynvml.nvmlInit()
-    try:
-        out = {}
-        for d in ordinals:
-            which = visible[d] if d < len(visible) else str(d)
-            if which.isdigit():
-                handle = pynvml.nvmlDeviceGetHandleByIndex(int(which))
-            else:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(which)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            name = pynvml.nvmlDeviceGetName(handle)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-            out[f"cuda-{d}"] = DeviceFacts(
-                "cuda",
-                d,
-                name.decode() if isinstance(name, bytes) else str(name),
-                int(mem.total),
-                int(mem.free),
-                host,
-                f"{major}.{minor}",
+def _nvml_facts(ordinals: list[int], host: str, per_device: int = 1) -> dict[str, DeviceFacts]:
+    out = {}
+    for gpu in nvml_gpus(ordinals):
+        for k in range(per_device):
+            out[f"cuda-{gpu.index}" + (f"-{k}" if per_device > 1 else "")] = DeviceFacts(
+                "cuda", gpu.index, gpu.name, gpu.memory, gpu.free, host, gpu.compute_capability, uuid=gpu.uuid
             )
-        return out
-    finally:
-        pynvml.nvmlShutdown()
+    return out
 
 
 def _cuda_available() -> bool:
-    return all(importlib.util.find_spec(m) is not None for m in ("cupy", "dask_cuda")) and visible_gpu_count() > 0
+    return all(importlib.util.find_spec(m) is not None for m in ("cupy", "dask_cuda")) and visible_count() > 0
 
 
 _HOST_PORT = re.compile(r"^[\w.\-]+:\d+$|^\[[0-9a-fA-F:]+\]:\d+$")
@@ -238,7 +258,7 @@ def resolve_cluster(spec: ClusterSpec, *, given_client: bool = False) -> Resolve
             "cluster.backend: cuda was asked for, but no GPU is visible or CuPy/dask-cuda is not "
             "installed (pip install 'mgpu[cuda13]'); use backend: cpu or auto"
         )
-    available = visible_gpu_count() if backend == "cuda" else (os.cpu_count() or 1)
+    available = visible_count() if backend == "cuda" else (os.cpu_count() or 1)
     devices = spec.devices
     if devices == "all":
         ids = list(range(available))
@@ -267,15 +287,23 @@ def resolve_cluster(spec: ClusterSpec, *, given_client: bool = False) -> Resolve
             )
     # Spilling needs an RMM resource to wrap: GPU workers with a pool or async allocator.
     spill = spec.spill if backend == "cuda" and AllocatorChoice(spec.allocator).can_spill else "none"
-    return ResolvedCluster(backend, ids, spec.allocator, protocol, spec.memory_limit, None, spec.dashboard, why, spill)
+    # CPU workers are one per core already: several per device is for GPUs.
+    per_device = spec.workers_per_device if backend == "cuda" else 1
+    return ResolvedCluster(
+        backend, ids, spec.allocator, protocol, spec.memory_limit, None, spec.dashboard, why, spill, per_device
+    )
 
 
 def _start_cuda(rc: ResolvedCluster) -> Any:
-    from dask_cuda import LocalCUDACluster
+    from .cuda_cluster import start_cuda_cluster
 
     budget = AUTO_BUDGET["cuda"] if rc.memory_limit == "auto" else rc.memory_limit
-    return LocalCUDACluster(
-        CUDA_VISIBLE_DEVICES=",".join(str(d) for d in rc.devices),
+    per_device = rc.workers_per_device
+    # Each worker's pool is its share of the device's budget.
+    share = budget / per_device if isinstance(budget, float) else int(budget) // per_device
+    return start_cuda_cluster(
+        rc.devices,
+        per_device,
         host="127.0.0.1",  # nothing outside this machine needs to reach a cluster mgpu starts
         protocol=rc.protocol,
         dashboard_address=rc.dashboard,
@@ -283,7 +311,7 @@ def _start_cuda(rc: ResolvedCluster) -> Any:
         resources={SLOT: 1},
         silence_logs=logging.WARNING,
         preload=[WORKER_PRELOAD],
-        **rmm_options(rc.allocator, budget, rc.spill),
+        **rmm_options(rc.allocator, share, rc.spill),
     )
 
 

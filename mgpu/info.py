@@ -8,12 +8,13 @@ import os
 import platform
 from typing import TYPE_CHECKING, Any
 
+from . import gpus as gpus_
 from .memory import AllocatorChoice
 
 if TYPE_CHECKING:
     from .cluster import ClusterInfo
 
-__all__ = ["machine_info", "runtime_env", "visible_gpu_count"]
+__all__ = ["machine_info", "runtime_env"]
 
 _PACKAGES = (
     "mgpu",
@@ -52,58 +53,23 @@ def _cuda_facts() -> dict[str, Any]:
     import cupy
 
     rt = cupy.cuda.runtime
-    n = rt.getDeviceCount()
-    gpus = []
-    for i in range(n):
-        p = rt.getDeviceProperties(i)
-        name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
-        gpus.append(
-            {
-                "id": i,
-                "name": name,
-                "memory": int(p["totalGlobalMem"]),
-                "compute_capability": f"{p['major']}.{p['minor']}",
-            }
-        )
-    peers = [[i, j] for i in range(n) for j in range(n) if i != j and rt.deviceCanAccessPeer(i, j)]
+    gpus = [
+        {"id": g.index, "uuid": g.uuid, "name": g.name, "memory": g.memory, "compute_capability": g.compute_capability}
+        for g in map(gpus_.cuda_gpu, range(gpus_.cuda_count()))
+    ]
     return {
         "driver": rt.driverGetVersion(),
         "runtime": rt.runtimeGetVersion(),
         "gpus": gpus,
-        "peer_access": peers,
-        "nvlink": _nvlink_pairs(n),
+        "peer_access": gpus_.peer_pairs(),
+        "nvlink": gpus_.nvlink_links(len(gpus)),
     }
-
-
-def _nvlink_pairs(n: int) -> dict[str, int]:
-    """Active NVLink links per GPU, from NVML (empty when NVML cannot say)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:
-        return {}
-    out = {}
-    try:
-        for i in range(n):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            active = 0
-            for link in range(18):
-                try:
-                    active += pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED
-                except pynvml.NVMLError:
-                    break
-            out[str(i)] = active
-    finally:
-        pynvml.nvmlShutdown()
-    return out
 
 
 def machine_info() -> dict[str, Any]:
     """``mgpu info``: devices, links, versions, allocators and transports of this machine."""
     info: dict[str, Any] = {"host": platform.node(), "cpus": os.cpu_count(), "versions": _versions()}
-    gpus = visible_gpu_count()
-    if gpus and importlib.util.find_spec("cupy") is not None:
+    if gpus_.visible_count() and importlib.util.find_spec("cupy") is not None:
         info["backend"] = "cuda"
         info.update(_cuda_facts())
     else:
@@ -142,32 +108,5 @@ def _worker_env() -> dict[str, Any]:
         "versions": _versions(),
         "driver": rt.driverGetVersion(),
         "runtime": rt.runtimeGetVersion(),
-        "peer_access": [
-            [i, j]
-            for i in range(rt.getDeviceCount())
-            for j in range(rt.getDeviceCount())
-            if i != j and rt.deviceCanAccessPeer(i, j)
-        ],
+        "peer_access": gpus_.peer_pairs(),
     }
-
-
-def visible_gpu_count() -> int:
-    """How many CUDA devices this process can see, without creating a CUDA context.
-
-    NVML answers without touching CUDA, so the client stays light; 0 when neither NVML
-    nor CuPy is installed or no driver is loaded.
-    """
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        count = min(count, len([v for v in visible.split(",") if v.strip()]))
-    return count

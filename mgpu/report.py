@@ -35,6 +35,7 @@ __all__ = [
     "write_csv",
     "write_json",
     "write_markdown",
+    "workers_per_device",
     "write_report",
 ]
 
@@ -43,6 +44,7 @@ ROW_FIELDS = [
     "workload",
     "mode",
     "devices",
+    "workers",
     "size",
     "base_size",
     "repeat",
@@ -62,7 +64,7 @@ ROW_FIELDS = [
     "source",
 ]
 # Row fields that files written before them lack (read as empty).
-_LATER_FIELDS = ("source", "expected_s")
+_LATER_FIELDS = ("source", "expected_s", "workers")
 # Fields ``mgpu report --by`` can compare side by side (devices is already the x axis).
 BY_FIELDS = ["allocator", "protocol", "host", "gpu", "backend", "workload", "job", "source"]
 
@@ -99,7 +101,9 @@ def row_from_result(
         "job": result.job.get("name", result.workload),
         "workload": result.workload,
         "mode": mode,
+        # Physical devices, each once; the workers that ran on them (several may share one GPU).
         "devices": len(result.devices),
+        "workers": sum(int(d.get("workers", 1)) for d in result.devices),
         "size": size,
         "base_size": base_size if base_size is not None else size,
         "repeat": repeat,
@@ -120,9 +124,15 @@ def row_from_result(
     }
 
 
+def workers_per_device(row: Mapping[str, Any]) -> int:
+    """How many workers shared each device in a row's run (1 in rows written before it was recorded)."""
+    return max(1, int(row.get("workers") or row["devices"]) // max(1, int(row["devices"])))
+
+
 def _series(row: dict[str, Any], by: list[str]) -> tuple[Any, ...]:
-    # Runs whose efficiency shares a baseline: same job and size, same compared fields.
-    return (row["job"], row["workload"], row["mode"], row["base_size"], *(row[b] for b in by))
+    # Runs whose efficiency shares a baseline: same job and size, same compared fields, and
+    # as many workers on each device (more workers on one GPU are not more devices).
+    return (row["job"], row["workload"], row["mode"], row["base_size"], workers_per_device(row), *(row[b] for b in by))
 
 
 def with_efficiency(rows: list[dict[str, Any]], by: list[str] | None = None) -> list[dict[str, Any]]:
@@ -176,6 +186,7 @@ def summarize(rows: list[dict[str, Any]], by: list[str] | None = None) -> list[d
             "workload": first["workload"],
             "mode": first["mode"],
             "devices": first["devices"],
+            "workers": first.get("workers") or first["devices"],
             "size": first["size"],
             "base_size": first["base_size"],
             **{b: first[b] for b in by},
@@ -202,7 +213,7 @@ def summarize(rows: list[dict[str, Any]], by: list[str] | None = None) -> list[d
         med = entry["throughput_median"]
         entry["baseline_devices"] = b_n or None
         entry["efficiency"] = med / (b_thr * entry["devices"] / b_n) if med is not None and b_thr > 0 and b_n else None
-    summary.sort(key=lambda e: (e["job"], str(e["base_size"]), *(str(e[b]) for b in by), e["devices"]))
+    summary.sort(key=lambda e: (e["job"], str(e["base_size"]), *(str(e[b]) for b in by), e["devices"], e["workers"]))
     return summary
 
 
@@ -235,7 +246,7 @@ def load_rows(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
                         f"{str(path)!r}: a row of this scale JSON lacks fields; each needs "
                         f"{', '.join(k for k in ROW_FIELDS if k not in _LATER_FIELDS)}"
                     )
-                rows.append({"expected_s": None, **r, "source": r.get("source") or path.name})
+                rows.append({"expected_s": None, "workers": None, **r, "source": r.get("source") or path.name})
             continue
         try:
             result = Result.model_validate(data)
@@ -245,7 +256,7 @@ def load_rows(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
                 "'mgpu submit --json' or the scale.json of 'mgpu scale'"
             ) from None
         row = row_from_result(result, source=path.name)
-        key = (row["job"], row["size"], row["devices"], row["host"], row["allocator"], row["protocol"])
+        key = (row["job"], row["size"], row["devices"], row["workers"], row["host"], row["allocator"], row["protocol"])
         row["repeat"], repeats[key] = repeats[key], repeats[key] + 1
         rows.append(row)
     return rows
@@ -303,7 +314,7 @@ def table_rows(summary: list[dict[str, Any]], by: list[str] | None = None) -> tu
             [
                 *([e["job"]] if jobs else []),
                 *(str(e[b]) for b in by),
-                str(e["devices"]),
+                str(e["devices"]) + (f" ({e['workers']} workers)" if e["workers"] != e["devices"] else ""),
                 e["size"],
                 f"{e['runs']}{failed}",
                 f"{_fmt(e['seconds_median'])} ({_fmt(e['seconds_min'])}–{_fmt(e['seconds_max'])})",

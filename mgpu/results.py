@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
+from .sharing import by_device, first_per_device
 from .sizes import format_bytes
 
 if TYPE_CHECKING:
     from .cluster import ClusterInfo
     from .planner import Plan
     from .spec import Job
+    from .worker.device import DeviceFacts
     from .workloads.base import TileRecord, Workload
 
 __all__ = [
@@ -56,18 +59,24 @@ class Allocator(BaseModel):
 
 
 class DeviceRow(BaseModel):
-    worker: str
+    """One physical device (in ``per_device``) or one worker (in ``per_worker``) over the job."""
+
+    worker: str  # the worker's address (of a device: its first worker's)
     host: str
     id: int
     name: str
     memory: int
+    uuid: str = ""  # the physical device (a GPU's or MIG slice's UUID, a CPU worker's name)
+    workers: list[str] = []  # the workers that ran on it: several where they shared one GPU
     tiles: int = 0
     busy_s: float = 0.0
     span_s: float = 0.0
     bytes_h2d: int = 0
     bytes_d2h: int = 0
-    bytes_d2d: int = 0
+    bytes_d2d: int = 0  # copied device to device from other workers' memory (CUDA IPC), no host copy
     d2d_gbps: float | None = None  # rate of the peer copies alone (they overlap compute)
+    bytes_same_device: int = 0  # of bytes_d2d, those from a worker on the same GPU
+    copies_same_device: int = 0  # the copies that brought them (IPC within one GPU)
     h2d_gbps: float | None = None  # rate of the staged host->device DMAs alone
     d2h_gbps: float | None = None
     # Share of the DMA time hidden under compute: (busy + DMA - span) / DMA, at least.
@@ -142,7 +151,8 @@ class Result(BaseModel):
     compute_s: float
     throughput: Throughput
     roofline: Roofline | None = None
-    per_device: list[DeviceRow]
+    per_device: list[DeviceRow]  # one row per physical device
+    per_worker: list[DeviceRow] = []  # one row per worker (several per device where they share one)
     spill: Spill = Spill()
     verify: Verify
     outputs: list[str]
@@ -183,35 +193,28 @@ def build_result(
     by_worker: dict[tuple[str, int], list[TileRecord]] = defaultdict(list)
     for r in [*records, *(panel_records or [])]:
         by_worker[r.worker, r.device].append(r)
-    rows = []
-    facts_by_id = {(f.host, f.id): (addr, f) for addr, f in info.devices.items()}
+    where = _record_workers(info)
+    worker_rows: list[DeviceRow] = []
+    by_device: dict[str, list[TileRecord]] = defaultdict(list)
+    device_workers: dict[str, list[str]] = defaultdict(list)
     for recs in by_worker.values():
-        first = recs[0]
-        host = first.worker.rsplit(":", 1)[0]
-        addr, facts = facts_by_id.get((host, first.device), ("?", None))
+        addr, facts = where(recs[0])
+        physical = facts.physical if facts else f"{recs[0].worker}/{recs[0].device}"
+        by_device[physical] += recs
+        device_workers[physical].append(addr)
         alloc = Allocator(**allocators[addr]) if allocators and addr in allocators else None
+        worker_rows.append(_row(recs, [addr], facts, alloc))
+    rows = []
+    for physical, recs in by_device.items():
+        addrs = sorted(device_workers[physical])
+        alone = worker_rows[[r.workers for r in worker_rows].index(addrs)] if len(addrs) == 1 else None
+        facts = where(recs[0])[1]
+        # The allocator is each worker's own: a device several workers shared has one per worker.
         rows.append(
-            DeviceRow(
-                worker=addr,
-                host=host,
-                id=first.device,
-                name=facts.name if facts else "?",
-                memory=facts.memory if facts else 0,
-                tiles=sum(r.kind == "tile" for r in recs),
-                busy_s=sum(r.busy_s for r in recs),
-                span_s=max(r.stop for r in recs) - min(r.start for r in recs),
-                h2d_gbps=_rate(sum(r.bytes_h2d for r in recs), sum(r.h2d_s for r in recs)),
-                d2h_gbps=_rate(sum(r.bytes_d2h for r in recs), sum(r.d2h_s for r in recs)),
-                copy_overlap=_overlap(recs),
-                bytes_h2d=sum(r.bytes_h2d for r in recs),
-                bytes_d2h=sum(r.bytes_d2h for r in recs),
-                bytes_d2d=sum(r.bytes_d2d for r in recs),
-                d2d_gbps=_rate(sum(r.bytes_d2d for r in recs), sum(r.d2d_s for r in recs)),
-                peak_memory=(alloc.peak_bytes or 0) if alloc else 0,
-                allocator=alloc,
-            )
+            alone or _row(recs, addrs, facts, None, peak=sum(w.peak_memory for w in worker_rows if w.worker in addrs))
         )
-    rows.sort(key=lambda d: (d.host, d.id))
+    worker_rows.sort(key=lambda d: (d.host, d.id, d.worker))
+    rows.sort(key=lambda d: (d.host, d.id, d.uuid))
     compute_s = max((d.span_s for d in rows), default=0.0)
     work = sum(r.work for r in records)
     errors = [r.verify_error for r in records if r.verify_error is not None]
@@ -247,19 +250,21 @@ def build_result(
         workload=job.workload,
         value=workload.combine(records),
         backend=info.backend,
-        devices=[{"id": f.id, "name": f.name, "memory": f.memory, "host": f.host} for f in info.devices.values()],
+        devices=_devices(info),
         wall_s=wall_s,
         compute_s=compute_s,
         throughput=throughput,
         roofline=_roofline(
             throughput,
             workload.ceiling(),
-            ceilings or {},
+            first_per_device(ceilings or {}, info.devices),
             work / workload.unit_scale,
             host_bytes,
             workload.bound_note(),
+            workers=len(ceilings or {}),
         ),
         per_device=rows,
+        per_worker=worker_rows,
         spill=Spill(events=sum(r.spill_events for r in records), bytes=sum(r.spill_bytes for r in records)),
         verify=verify,
         outputs=outputs,
@@ -275,19 +280,78 @@ def build_result(
         recovery=recovery or Recovery(),
         startup=startup,
         pcie=pcie,
-        phases=_phases(records),
+        phases=_phases(records, where),
         estimate=Expected(**plan.notes["estimate"]) if "estimate" in plan.notes else None,
     )
 
 
-def _phases(records: list[TileRecord]) -> dict[str, Phase]:
+def _record_workers(info: ClusterInfo) -> Callable[[TileRecord], tuple[str, DeviceFacts | None]]:
+    """What finds the worker (address, facts) that made a record, by its host, process and
+    device ordinal (workers of one GPU differ in process, workers of one process in device;
+    by host and ordinal alone for facts that name no process)."""
+    by_pid = {(f.host, f.pid, f.id): (addr, f) for addr, f in info.devices.items() if f.pid}
+    by_id = {(f.host, f.id): (addr, f) for addr, f in info.devices.items()}
+
+    def where(r: TileRecord) -> tuple[str, DeviceFacts | None]:
+        host, _, pid = r.worker.rpartition(":")
+        found = by_pid.get((host, int(pid), r.device)) if pid.isdigit() else None
+        return found or by_id.get((host, r.device)) or ("?", None)
+
+    return where
+
+
+def _row(
+    recs: list[TileRecord], addrs: list[str], facts: DeviceFacts | None, alloc: Allocator | None, peak: int = 0
+) -> DeviceRow:
+    """The row of one worker's records, or of every record of a device its ``addrs`` shared."""
+    return DeviceRow(
+        worker=addrs[0],
+        workers=addrs,
+        host=recs[0].worker.rsplit(":", 1)[0],
+        id=recs[0].device,
+        uuid=facts.physical if facts else "",
+        name=facts.name if facts else "?",
+        memory=facts.memory if facts else 0,
+        tiles=sum(r.kind == "tile" for r in recs),
+        busy_s=sum(r.busy_s for r in recs),
+        span_s=max(r.stop for r in recs) - min(r.start for r in recs),
+        h2d_gbps=_rate(sum(r.bytes_h2d for r in recs), sum(r.h2d_s for r in recs)),
+        d2h_gbps=_rate(sum(r.bytes_d2h for r in recs), sum(r.d2h_s for r in recs)),
+        copy_overlap=_overlap(recs),
+        bytes_h2d=sum(r.bytes_h2d for r in recs),
+        bytes_d2h=sum(r.bytes_d2h for r in recs),
+        bytes_d2d=sum(r.bytes_d2d for r in recs),
+        d2d_gbps=_rate(sum(r.bytes_d2d for r in recs), sum(r.d2d_s for r in recs)),
+        bytes_same_device=sum(r.bytes_same_device for r in recs),
+        copies_same_device=sum(r.copies_same_device for r in recs),
+        peak_memory=((alloc.peak_bytes or 0) if alloc else peak),
+        allocator=alloc,
+    )
+
+
+def _devices(info: ClusterInfo) -> list[dict[str, Any]]:
+    """The physical devices of the cluster, each once, with how many workers shared it."""
+    out = []
+    for addrs in by_device(info.devices).values():
+        f = info.devices[addrs[0]]
+        out.append(
+            {"id": f.id, "name": f.name, "memory": f.memory, "host": f.host, "uuid": f.physical, "workers": len(addrs)}
+        )
+    return out
+
+
+def _phases(
+    records: list[TileRecord], where: Callable[[TileRecord], tuple[str, DeviceFacts | None]]
+) -> dict[str, Phase]:
     """Each phase the tiles report (``extra["phases"]``): bytes summed, seconds the busiest
-    device's."""
-    seconds: dict[str, dict[tuple[str, int], float]] = defaultdict(lambda: defaultdict(float))
+    physical device's (its workers' summed)."""
+    seconds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     nbytes: dict[str, int] = defaultdict(int)
     for r in records:
+        facts = where(r)[1]
+        device = facts.physical if facts else f"{r.worker}/{r.device}"
         for name, p in r.extra.get("phases", {}).items():
-            seconds[name][(r.worker, r.device)] += p["seconds"]
+            seconds[name][device] += p["seconds"]
             nbytes[name] += p["bytes"]
     out = {}
     for name, per_device in seconds.items():
@@ -320,8 +384,11 @@ def _roofline(
     work: float = 0.0,
     host_bytes: int | None = None,
     note: str | None = None,
+    workers: int = 0,
 ) -> Roofline | None:
-    """The summed single-device ceilings of every worker, and the share the run reached.
+    """The summed single-device ceilings of every physical device (``ceilings``: one
+    worker's per device), and the share the run reached; ``workers``, where more than the
+    devices, is said in the basis.
 
     With ``host_bytes`` (inputs or outputs on the host), the bound is the slower of the
     compute at that rate and those bytes over the summed pinned host->device rate.
@@ -339,6 +406,8 @@ def _roofline(
             limit, basis = work / pcie_s, f"{len(rates)} x h2d_pinned for {format_bytes(host_bytes)} over PCIe"
         else:
             basis += f" (PCIe for {format_bytes(host_bytes)} would take {pcie_s:.3g} s, compute {compute_s:.3g} s)"
+    if workers > len(rates):
+        basis += f"; {workers} workers shared the {len(rates)} device{'s' * (len(rates) != 1)}"
     if note:
         basis += f"; {note}"
     return Roofline(limit=limit, fraction=throughput.value / limit, basis=basis)
@@ -428,8 +497,11 @@ def print_result(result: Result, console: Console) -> None:
     )
     for d in result.per_device:
         peer = format_bytes(d.bytes_d2d) + (f" at {d.d2d_gbps:.0f} GB/s" if d.d2d_gbps else "")
+        if d.bytes_same_device:
+            peer += f" ({format_bytes(d.bytes_same_device)} within the GPU)"
+        shared = f" ({len(d.workers)} workers)" if len(d.workers) > 1 else ""
         devices.add_row(
-            f"{d.host}:{d.id}",
+            f"{d.host}:{d.id}{shared}",
             d.name,
             str(d.tiles),
             f"{d.busy_s:.3f}",

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import config
+from .gpus import can_access_peer, cuda_count
 from .worker import kernels
 from .worker.device import Device
 from .worker.tasks import with_device
@@ -154,8 +155,8 @@ def _transfer_rates(dev: Device, nbytes: int) -> dict[str, float]:
     out["d2h_pinned"] = nbytes / median_seconds(dev, lambda: src.get(stream=stream, out=host)) / 1e9
     host = None
     rates = []
-    for peer in range(1, cupy.cuda.runtime.getDeviceCount()):
-        if not cupy.cuda.runtime.deviceCanAccessPeer(0, peer):
+    for peer in range(1, cuda_count()):
+        if not can_access_peer(0, peer):
             continue
         enable_peer_access(peer)
         with cupy.cuda.Device(peer):

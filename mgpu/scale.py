@@ -18,7 +18,7 @@ from .client.run import run_job
 from .client.watch import Events
 from .cluster import resolve_cluster
 from .errors import JobInputError
-from .info import visible_gpu_count
+from .gpus import visible_count
 from .results import Result
 from .spec import Job, load_job
 from .workloads import get_workload_class
@@ -59,7 +59,7 @@ def parse_counts(text: str) -> list[int]:
 
 def default_counts(backend: str) -> list[int]:
     """1, 2, 4, ... up to every visible GPU (or CPU core), that count included."""
-    available = visible_gpu_count() if backend == "cuda" else (os.cpu_count() or 1)
+    available = visible_count() if backend == "cuda" else (os.cpu_count() or 1)
     counts = [1 << i for i in range(max(1, available).bit_length()) if 1 << i <= available]
     return sorted({*counts, max(1, available)})
 

@@ -28,7 +28,19 @@ from .memory import AllocatorChoice
 from .sizes import parse_size
 from .workloads import get_workload_class, workload_names
 
-__all__ = ["ClusterSpec", "Job", "ScaleSpec", "apply_overrides", "check_one_cluster", "load_job"]
+__all__ = [
+    "MAX_WORKERS_PER_DEVICE",
+    "ClusterSpec",
+    "Job",
+    "ScaleSpec",
+    "apply_overrides",
+    "check_one_cluster",
+    "load_job",
+]
+
+# Worker processes that may share one GPU: each holds a CUDA context (~0.5 GiB) and its
+# own pool, so past a few dozen the contexts alone crowd the device.
+MAX_WORKERS_PER_DEVICE = 32
 
 
 class ClusterSpec(BaseModel):
@@ -39,6 +51,7 @@ class ClusterSpec(BaseModel):
 
     backend: Literal["auto", "cuda", "cpu"] = "auto"
     devices: Literal["all"] | int | list[int] = "all"
+    workers_per_device: int = 1
     allocator: AllocatorChoice = AllocatorChoice.POOL
     memory_limit: Literal["auto"] | int | float | str = "auto"
     spill: Literal["none", "managed"] = "managed"
@@ -48,13 +61,14 @@ class ClusterSpec(BaseModel):
         "127.0.0.1:8787", description="address the Dask dashboard listens on; null turns it off"
     )
 
-    @field_validator("devices", "memory_limit", mode="before")
+    @field_validator("devices", "memory_limit", "workers_per_device", mode="before")
     @classmethod
     def _not_bool(cls, v: Any, info: ValidationInfo) -> Any:
         # Before validation: pydantic would read true as the count or size 1.
         if isinstance(v, bool):
             allowed = {
                 "devices": "'all', a count or a list of device ids",
+                "workers_per_device": f"a whole number from 1 to {MAX_WORKERS_PER_DEVICE}",
                 "memory_limit": "'auto', bytes, a fraction or a size like '40GB'",
             }[str(info.field_name)]
             raise ValueError(f"expected {allowed}, got {str(v).lower()}")
@@ -72,6 +86,13 @@ class ClusterSpec(BaseModel):
                 raise ValueError(f"device ids are 0 or more, got {v}")
             if len(set(v)) != len(v):
                 raise ValueError(f"device ids repeat in {v}")
+        return v
+
+    @field_validator("workers_per_device")
+    @classmethod
+    def _workers_per_device(cls, v: int) -> int:
+        if not 1 <= v <= MAX_WORKERS_PER_DEVICE:
+            raise ValueError(f"expected a whole number from 1 to {MAX_WORKERS_PER_DEVICE}, got {v}")
         return v
 
     @field_validator("memory_limit")

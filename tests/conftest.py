@@ -24,29 +24,51 @@ from mgpu.cli import cli
 
 # -- the GPU policy -------------------------------------------------------------------
 #
-# One device count decides every GPU skip: a test marked ``gpu`` is skipped without a GPU,
-# one marked ``multi_gpu(n)`` below n GPUs (both through ``pytest_runtest_setup``). A test of
-# the CPU path does not skip on a GPU machine: it hides the GPUs with the ``no_gpu`` fixture.
+# One device count decides every GPU skip: a test marked ``gpu`` is skipped without a GPU.
+# A test marked ``multi_gpu(n)`` runs on n GPU workers: n GPUs where there are, else n
+# workers sharing GPU 0 (``gpu_workers`` gives the cluster keys, ``cuda_cluster`` a cluster).
+# Only ``separate_gpus(n)`` (the peer bandwidth itself) skips below n GPUs. A test of the
+# CPU path does not skip on a GPU machine: it hides the GPUs with the ``no_gpu`` fixture.
 
 
 @functools.cache
 def gpu_count() -> int:
     """CUDA devices visible to this process (0 without CuPy or a driver)."""
-    try:
-        import cupy
+    from mgpu.gpus import cuda_count
 
-        return int(cupy.cuda.runtime.getDeviceCount())
-    except Exception:
-        return 0
+    return cuda_count()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu") is not None and gpu_count() == 0:
         pytest.skip("needs a CUDA GPU")
-    for mark in item.iter_markers("multi_gpu"):
+    if item.get_closest_marker("multi_gpu") is not None and gpu_count() == 0:
+        pytest.skip("needs a CUDA GPU (its workers share it where there are fewer GPUs than workers)")
+    for mark in item.iter_markers("separate_gpus"):
         n = mark.args[0] if mark.args else 2
         if gpu_count() < n:
-            pytest.skip(f"needs {n} CUDA GPUs, this machine has {gpu_count()}")
+            pytest.skip(f"needs {n} separate CUDA GPUs, this machine has {gpu_count()}")
+
+
+def gpu_workers(n: int) -> dict[str, Any]:
+    """The cluster keys of n GPU workers: one on each of n GPUs where there are n, else n
+    sharing GPU 0."""
+    if gpu_count() >= n:
+        return {"devices": list(range(n))}
+    return {"devices": [0], "workers_per_device": n}
+
+
+def sharing_one_gpu(n: int) -> bool:
+    """Whether :func:`gpu_workers` puts n workers on one GPU here."""
+    return gpu_count() < n
+
+
+def cuda_cluster(n: int, **kwargs: Any) -> Any:
+    """A local cluster of n GPU workers (see :func:`gpu_workers`), no dashboard."""
+    from mgpu.cuda_cluster import start_cuda_cluster
+
+    keys = gpu_workers(n)
+    return start_cuda_cluster(keys["devices"], keys.get("workers_per_device", 1), dashboard_address=None, **kwargs)
 
 
 @pytest.fixture

@@ -154,6 +154,8 @@ BAD = [
     (["outofcore", "--repeats", "0"], "--repeats"),
     (["suite", "--protocol", "pigeon"], "--protocol"),
     (["scale", "--nope"], "--nope"),
+    (["scale", "--workers-per-device", "0"], "--workers-per-device"),
+    (["scale", "--workers-per-device", "2"], "--workers-per-device: several workers per device is for GPUs"),
     (["suite", "--set", "params.m=-1"], "params.m"),
     (["suite", "--job", "no-such-job.yaml"], "--job: cannot read 'no-such-job.yaml'"),
     (["peers", "--set", "cluster.allocator=magic"], "cluster.allocator"),
@@ -224,6 +226,28 @@ def test_efficiency_against_the_fewest_devices_that_ran():
     got = {(r["name"], r["devices"]): r["efficiency"] for r in rows}
     # a's 1-device run failed: its base is 2 devices at 20, so 4 devices ideally make 40.
     assert got == {("a", 4): pytest.approx(0.75), ("a", 1): None, ("a", 2): 1.0, ("b", 1): 1.0}
+
+
+def test_workers_per_gpu_set_their_compute_against_one_worker_and_scale_apart():
+    def row(devices: int, workers: int, throughput: float, compute_s: float) -> dict[str, Any]:
+        return {**_row("a", devices, throughput), "workers_per_device": workers, "compute_s": compute_s}
+
+    rows = efficiency([row(1, 1, 10.0, 2.0), row(1, 4, 9.8, 2.04), row(2, 1, 19.0, 1.05), row(2, 4, 18.0, 1.1)])
+    got = {(r["devices"], r["workers_per_device"]): r for r in rows}
+    assert got[1, 4]["compute_vs_one_worker"] == pytest.approx(1.02)
+    assert got[2, 4]["compute_vs_one_worker"] == pytest.approx(1.1 / 1.05)
+    # Efficiency sets device counts against each other with as many workers on each device.
+    assert got[2, 1]["efficiency"] == pytest.approx(0.95) and got[2, 4]["efficiency"] == pytest.approx(18 / 19.6)
+
+
+def test_jobs_of_one_layout_on_one_cluster_leave_the_start_up_to_the_first(tmp_path):
+    from mgpu.bench.harness import Options, run_jobs
+
+    opts = Options(suite="scale", out=tmp_path, repeats=2)
+    runs = run_jobs(opts, [("dot", {"workload": "dot", "params": {"n": 1000}})], "cpu", [1], one_cluster=True)
+    assert [e["repeat"] for e in runs] == [0, 1] and all(e["result"]["verify"]["passed"] for e in runs)
+    first, second = (e["result"]["startup"]["cluster_s"] for e in runs)
+    assert first > 0 and second == 0  # the second job found its cluster up
 
 
 def test_compare_sets_each_job_against_the_same_work_on_the_same_devices():

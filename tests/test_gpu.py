@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
 pytest.importorskip("dask_cuda")
 
-from conftest import gpu_count  # noqa: E402
+from conftest import cuda_cluster, gpu_count, gpu_workers, sharing_one_gpu  # noqa: E402
 
 from mgpu.client.run import run_job  # noqa: E402
 from mgpu.spec import validate_job  # noqa: E402
@@ -226,25 +226,39 @@ def test_mandelbrot_on_cuda_cluster_equals_cpu_backend(tmp_path):
 
 
 @pytest.mark.multi_gpu(2)
-def test_tiles_spread_over_both_gpus():
-    result = run_job(validate_job(_job("matmul", {"m": 4096, "n": 4096, "k": 1024}, devices=[0, 1])))
-    assert sorted(d.id for d in result.per_device) == [0, 1]
-    assert all(d.tiles >= 1 and d.busy_s > 0 for d in result.per_device)
+def test_tiles_spread_over_both_workers_and_each_gpu_counts_once():
+    result = run_job(validate_job(_job("matmul", {"m": 4096, "n": 4096, "k": 1024}, **gpu_workers(2))))
+    assert len(result.per_worker) == 2
+    assert all(w.tiles >= 1 and w.busy_s > 0 for w in result.per_worker)
+    assert sum(d.tiles for d in result.per_device) == result.plan["tiles"]
+    if sharing_one_gpu(2):
+        # Two workers, one GPU: one device, one ceiling in the roofline.
+        assert [d["workers"] for d in result.devices] == [2] and len(result.per_device[0].workers) == 2
+        assert result.roofline is not None and result.roofline.basis.startswith("1 x ")
+        assert "2 workers shared the 1 device" in result.roofline.basis
+    else:
+        assert sorted(d.id for d in result.per_device) == [0, 1]
 
 
 @pytest.mark.multi_gpu(2)
 @pytest.mark.parametrize("allocator", ["pool", "async"])
-def test_distributed_operands_move_between_gpus_over_nvlink(tmp_path, allocator):
+def test_distributed_operands_move_between_workers_device_to_device(tmp_path, allocator):
     m, n, k = 3000, 2050, 9000  # k spans several peer blocks
     out = tmp_path / "c.npy"
     params = {"m": m, "n": n, "k": k, "dtype": "float32", "seed": 4, "operands": "distributed", "output": str(out)}
-    result = run_job(validate_job(_job("matmul", params, devices=[0, 1], allocator=allocator)))
+    result = run_job(validate_job(_job("matmul", params, allocator=allocator, **gpu_workers(2))))
     assert result.status == "ok" and result.verify.passed
-    assert sorted(d.tiles for d in result.per_device) == [4, 4]  # B panels in two pieces (there is an output)
-    # Each GPU read the other's B panel once, peer to peer, and timed it.
-    for d in result.per_device:
-        assert d.bytes_d2d == k * (n // 2) * 4
-        assert d.d2d_gbps and d.d2d_gbps > 0
+    assert sorted(w.tiles for w in result.per_worker) == [4, 4]  # B panels in two pieces (there is an output)
+    # Each worker read the other's B panel once, by CUDA IPC (over NVLink, or within the one
+    # GPU both share), and timed it; none of it went through the host.
+    for w in result.per_worker:
+        assert w.bytes_d2d == k * (n // 2) * 4
+        assert w.d2d_gbps and w.d2d_gbps > 0
+        assert w.bytes_h2d == 0
+        if sharing_one_gpu(2):
+            assert w.bytes_same_device == w.bytes_d2d and w.copies_same_device >= 2
+        else:
+            assert w.bytes_same_device == 0 and w.copies_same_device == 0
     a = kernels.random_block(np, seed=4, operand=0, rows=(0, m), cols=(0, k), total_cols=k, dtype="float32")
     b = kernels.random_block(np, seed=4, operand=1, rows=(0, k), cols=(0, n), total_cols=n, dtype="float32")
     ref = a.astype(np.float64) @ b.astype(np.float64)
@@ -253,15 +267,11 @@ def test_distributed_operands_move_between_gpus_over_nvlink(tmp_path, allocator)
 
 @pytest.mark.multi_gpu(2)
 def test_a_corrupted_peer_tile_is_caught():
-    from dask_cuda import LocalCUDACluster
     from distributed import Client
     from faults import SpoilTile
 
     params = {"m": 2048, "n": 2048, "k": 5000, "operands": "distributed"}
-    with (
-        LocalCUDACluster(CUDA_VISIBLE_DEVICES=[0, 1], dashboard_address=None) as cluster,
-        Client(cluster) as client,
-    ):
+    with cuda_cluster(2) as cluster, Client(cluster) as client:
         client.register_plugin(SpoilTile(1))  # tile 1: GPU 0's peer-fed tile
         doc = {**_job("matmul", params), "cluster": {"scheduler": cluster.scheduler_address, "dashboard": None}}
         result = run_job(validate_job(doc))
@@ -554,14 +564,15 @@ def test_distributed_matmul_from_files_writes_the_product_and_counts_pcie(tmp_pa
         "output": str(out),
         "operands": "distributed",
     }
-    result = run_job(validate_job(_job("matmul", params, devices=[0, 1])))
+    result = run_job(validate_job(_job("matmul", params, **gpu_workers(2))))
     assert result.status == "ok" and result.verify.passed
     ref = a.astype(np.float64) @ b.astype(np.float64)
     assert np.abs(np.load(out) - ref).max() <= 1e-4 * np.abs(ref).max()
-    # Each input crossed PCIe once (panels), the output once; B's other half came by NVLink.
+    # Each input crossed PCIe once (panels), the output once; B's other half came device to
+    # device (NVLink, or within the GPU two workers share).
     assert result.pcie.bytes == result.pcie.minimum_bytes == 4 * (m * k + k * n + m * n)
-    assert all(d.bytes_d2d == k * (n // 2) * 4 for d in result.per_device)
-    assert all(d.h2d_gbps and d.d2h_gbps for d in result.per_device)
+    assert all(w.bytes_d2d == k * (n // 2) * 4 for w in result.per_worker)
+    assert all(w.h2d_gbps and w.d2h_gbps for w in result.per_worker)
 
 
 @pytest.mark.parametrize("limit", ["1GB", "80MB"])  # all of C kept; panels of it
@@ -657,21 +668,29 @@ def test_closing_the_runtime_frees_its_pinned_buffers_panels_and_cache():
 
 
 def _runtime_ids(dask_worker=None):
+    import os
+
     from mgpu.worker.tasks import current
 
     rt = current(dask_worker)
-    return id(rt), rt.device.facts.id, rt.device.is_gpu
+    return id(rt), rt.device.facts.id, rt.device.is_gpu, rt.device.facts.uuid, os.getpid()
 
 
 @pytest.mark.multi_gpu(2)
 def test_each_gpu_worker_has_its_own_runtime():
-    from dask_cuda import LocalCUDACluster
     from distributed import Client
 
     from mgpu.worker.plugins import RuntimeSetup
 
-    with LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", dashboard_address=None) as cluster, Client(cluster) as client:
+    with cuda_cluster(2) as cluster, Client(cluster) as client:
         client.register_plugin(RuntimeSetup("cuda"))
         got = client.run(_runtime_ids)
-        assert sorted(facts_id for _, facts_id, _ in got.values()) == [0, 1]
-        assert all(gpu for _, _, gpu in got.values())
+        assert len(got) == 2 and all(gpu for _, _, gpu, _, _ in got.values())
+        assert len({pid for *_, pid in got.values()}) == 2  # a process, a context and a runtime each
+        ids = sorted(facts_id for _, facts_id, *_ in got.values())
+        uuids = {uuid for _, _, _, uuid, _ in got.values()}
+        assert all(u.startswith("GPU-") for u in uuids)
+        if sharing_one_gpu(2):
+            assert ids == [0, 0] and len(uuids) == 1
+        else:
+            assert ids == [0, 1] and len(uuids) == 2

@@ -252,3 +252,23 @@ def test_losing_every_worker_fails_the_job_with_a_clear_message(tmp_path):
         assert psutil.pid_exists(cluster.scheduler.pid)  # the joined cluster's scheduler is left alone
     finally:
         cluster.stop()
+
+
+@pytest.mark.gpu
+def test_gpu_worker_killed_among_four_on_one_gpu_its_tiles_are_recomputed(tmp_path):
+    # Four `dask worker` processes on GPU 0, as a joined cluster of workers sharing a GPU.
+    pytest.importorskip("cupy")
+    cluster = start_slow_cluster(tmp_path / "cluster", n_workers=4, env={"CUDA_VISIBLE_DEVICES": "0"})
+    try:
+        job = matmul_job(tmp_path, 96, 64, 24, {"m": 12, "n": 32}, seed=7)
+        code, stdout, stderr, victim = _submit_killing(cluster, job, tmp_path / "out.json", "1")
+        assert code == 0, stdout + stderr + cluster.logs()
+        data = json.loads((tmp_path / "out.json").read_text())
+        assert data["status"] == "ok" and data["verify"]["passed"] is True and data["backend"] == "cuda"
+        assert data["recovery"]["lost_workers"] == [victim] and data["recovery"]["recomputed_tiles"]
+        # One GPU, counted once, with the four workers that shared it.
+        assert [d["workers"] for d in data["devices"]] == [4]
+        assert len(data["per_device"]) == 1 and data["per_device"][0]["tiles"] == data["plan"]["tiles"] == 16
+        np.testing.assert_allclose(np.load(tmp_path / "c.npy"), reference(96, 64, 24, seed=7), rtol=1e-12, atol=1e-12)
+    finally:
+        cluster.stop()

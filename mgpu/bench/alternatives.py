@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from mgpu.gpus import cuda_name
+
 
 def _figure(name: str, unit: str, work: float, samples: list[float], **extra: Any) -> dict[str, Any]:
     seconds = statistics.median(samples)
@@ -138,7 +140,7 @@ def cupy_one_gpu(args: dict[str, Any]) -> dict[str, Any]:
     figures.append(
         _figure("dot", "GB/s", 8.0 * m / 1e9, _event_median(cupy, lambda: cupy.dot(x, y), repeats), shape=[m])
     )
-    return {"status": "ok", "device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(), "figures": figures}
+    return {"status": "ok", "device": cuda_name(0), "figures": figures}
 
 
 def cublasxt(args: dict[str, Any]) -> dict[str, Any]:

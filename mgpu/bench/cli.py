@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import JobInputError
+from ..spec import MAX_WORKERS_PER_DEVICE
 from . import alloc, outofcore, peers, scale, suite
 from .harness import BenchInputError, Options, check_out, parse_devices, say, write_record
 
@@ -126,7 +127,9 @@ def _print_summary(body: dict[str, Any], console: Console) -> None:
             share = f"{r['roofline_fraction']:.1%}" if r.get("roofline_fraction") else "n/a"
             eff = f"{r['efficiency']:.0%}" if r.get("efficiency") else ""
             took = f"{r['measured_over_expected']:.2f}x" if r.get("measured_over_expected") else ""
-            table.add_row(r["name"], str(r["devices"]), thr, share, eff, took, f"{r['ok']}/{r['runs']}")
+            workers = r.get("workers_per_device", 1)
+            devices = str(r["devices"]) + (f" ({workers} workers each)" if workers > 1 else "")
+            table.add_row(r["name"], devices, thr, share, eff, took, f"{r['ok']}/{r['runs']}")
         console.print(table)
     for row in body.get("comparison") or []:
         console.print(
@@ -166,9 +169,19 @@ def outofcore_command(scratch: Path | None, **params: Any) -> None:
 
 @bench.command("scale", context_settings=_CONTEXT)
 @_shared
-def scale_command(**params: Any) -> None:
-    """Each job on 1, 2, 4, ... devices: throughput and efficiency."""
-    _run("scale", scale, params)
+@click.option(
+    "--workers-per-device",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1, max=MAX_WORKERS_PER_DEVICE),
+    help="also run 2, 4, ... up to this many workers sharing each GPU (compute_s and per-job overhead per count)",
+)
+@click.option(
+    "--job", "jobs", multiple=True, metavar="FILE", help="also run this job file at its own size (repeatable)"
+)
+def scale_command(workers_per_device: int, jobs: tuple[str, ...], **params: Any) -> None:
+    """Each job on 1, 2, 4, ... devices (and workers per GPU): throughput and efficiency."""
+    _run("scale", scale, params, {"workers_per_device": workers_per_device, "jobs": list(jobs)})
 
 
 @bench.command("alloc", context_settings=_CONTEXT)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 import yaml
 
 import mgpu
+from mgpu.gpus import driver_version, nvml_gpus, visible_count
 
 SCHEMA = "mgpu-bench/1"
 # Popen keywords that make a child the leader of a new process group, so one killpg ends it
@@ -92,18 +94,7 @@ def gpu_count() -> int:
     """
     if not (importlib.util.find_spec("cupy") and importlib.util.find_spec("dask_cuda")):
         return 0
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            count = int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return count if visible is None else min(count, len([v for v in visible.split(",") if v.strip()]))
+    return visible_count()
 
 
 def resolve(opts: Options) -> tuple[str, str, list[int]]:
@@ -147,24 +138,9 @@ def machine() -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             pass
     if gpu_count():
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            info["driver"] = _text(pynvml.nvmlSystemGetDriverVersion())
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-                info["gpus"].append(
-                    {"id": i, "name": _text(pynvml.nvmlDeviceGetName(handle)), "memory": int(mem.total)}
-                )
-        finally:
-            pynvml.nvmlShutdown()
+        info["driver"] = driver_version()
+        info["gpus"] = [{"id": g.index, "uuid": g.uuid, "name": g.name, "memory": g.memory} for g in nvml_gpus()]
     return info
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def say(message: str) -> None:
@@ -174,18 +150,25 @@ def say(message: str) -> None:
 # -- mgpu's jobs ---------------------------------------------------------------------------
 
 
-def overrides(opts: Options, backend: str, devices: int) -> list[str]:
-    """The harness's ``--set`` overrides of a job, then the user's."""
+def overrides(opts: Options, backend: str, devices: int, workers: int = 1) -> list[str]:
+    """The harness's ``--set`` overrides of a job, then the user's; ``workers`` per GPU."""
     out = [f"cluster.backend={backend}", f"cluster.devices={devices}", "cluster.dashboard=null"]
+    if workers != 1:
+        out.append(f"cluster.workers_per_device={workers}")
     if opts.protocol != "auto":
         out.append(f"cluster.protocol={opts.protocol}")
     return [*out, *opts.sets]
 
 
 def load_all(
-    opts: Options, jobs: list[tuple[str, dict[str, Any]]], backend: str, counts: list[int]
-) -> dict[int, list[tuple[str, mgpu.Job]]]:
-    """Every job on every device count, validated before anything runs.
+    opts: Options,
+    jobs: list[tuple[str, dict[str, Any]]],
+    backend: str,
+    counts: list[int],
+    workers: Sequence[int] = (1,),
+) -> dict[tuple[int, int], list[tuple[str, mgpu.Job]]]:
+    """Every job on every device count and number of workers per device, validated before
+    anything runs.
 
     Raises
     ------
@@ -198,20 +181,36 @@ def load_all(
             path = Path(tmp) / f"{name}.yaml"
             path.write_text(yaml.safe_dump({"name": name, **doc}, sort_keys=False))
             staged.append((name, path))
-        return {n: [(name, mgpu.load_job(path, overrides(opts, backend, n))) for name, path in staged] for n in counts}
+        return {
+            (n, w): [(name, mgpu.load_job(path, overrides(opts, backend, n, w))) for name, path in staged]
+            for n in counts
+            for w in workers
+        }
 
 
-def run_jobs(opts: Options, jobs: list[tuple[str, dict[str, Any]]], backend: str, counts: list[int]) -> list[dict]:
-    """Run every job ``opts.repeats`` times on each device count; one entry per run.
+def run_jobs(
+    opts: Options,
+    jobs: list[tuple[str, dict[str, Any]]],
+    backend: str,
+    counts: list[int],
+    workers: Sequence[int] = (1,),
+    *,
+    one_cluster: bool = False,
+) -> list[dict]:
+    """Run every job ``opts.repeats`` times on each device count (with each number of
+    ``workers`` per device); one entry per run.
 
     Every job is loaded (validated) before the first runs, so a wrong ``--set`` stops
     the suite before anything starts. Each job runs on a cluster of its own
-    (:func:`mgpu.run`); one that fails is recorded and the suite goes on.
+    (:func:`mgpu.run`); one that fails is recorded and the suite goes on. With
+    ``one_cluster`` the jobs of one device count and number of workers run one after
+    another on one cluster (:func:`mgpu.api.run_all`): what each adds to its tiles' time is
+    then the per-job overhead alone; a job that fails ends its cluster's batch.
     """
-    planned = load_all(opts, jobs, backend, counts)
+    planned = load_all(opts, jobs, backend, counts, workers)
     docs = dict(jobs)
     runs: list[dict[str, Any]] = []
-    for n, loaded in planned.items():
+    for (n, w), loaded in planned.items():
         entries: list[dict[str, Any]] = []
         batch: list[mgpu.Job] = []
         for name, job in loaded:
@@ -219,18 +218,42 @@ def run_jobs(opts: Options, jobs: list[tuple[str, dict[str, Any]]], backend: str
                 # The job as written and its overrides: `mgpu submit FILE --set ...` reruns it
                 # (the result's `job` is the same job with every default filled in).
                 entry: dict[str, Any] = {"name": name, "devices": n, "repeat": repeat, "job": docs[name]}
-                entries.append({**entry, "overrides": overrides(opts, backend, n)})
+                if w != 1:
+                    entry["workers_per_device"] = w
+                entries.append({**entry, "overrides": overrides(opts, backend, n, w)})
                 batch.append(job)
-        say(f"{len(batch)} job(s) on {n} device(s)")
-        for entry, job in zip(entries, batch, strict=True):
-            try:
-                entry["result"] = mgpu.run(job).model_dump(mode="json")
-                say(f"{entry['name']} on {n} device(s), run {entry['repeat'] + 1}: {_describe(entry['result'])}")
-            except mgpu.JobFailed as e:
-                entry["result"], entry["error"] = None, str(e)
-                say(f"{entry['name']} on {n} device(s): {e}")
+        where = f"{n} device(s)" + (f", {w} workers each" if w != 1 else "")
+        say(f"{len(batch)} job(s) on {where}")
+        if one_cluster:
+            _run_batch(entries, batch, where)
+        else:
+            for entry, job in zip(entries, batch, strict=True):
+                try:
+                    entry["result"] = mgpu.run(job).model_dump(mode="json")
+                    say(f"{entry['name']} on {where}, run {entry['repeat'] + 1}: {_describe(entry['result'])}")
+                except mgpu.JobFailed as e:
+                    entry["result"], entry["error"] = None, str(e)
+                    say(f"{entry['name']} on {where}: {e}")
         runs += entries
     return runs
+
+
+def _run_batch(entries: list[dict[str, Any]], batch: list[mgpu.Job], where: str) -> None:
+    """Run ``batch`` on one cluster and fill each entry's result (or error)."""
+    from mgpu.api import run_all
+
+    try:
+        results = run_all(batch)
+        error = None
+    except mgpu.JobFailed as e:
+        results, error = [], str(e)
+    for i, entry in enumerate(entries):
+        if i < len(results):
+            entry["result"] = results[i].model_dump(mode="json")
+            say(f"{entry['name']} on {where}, run {entry['repeat'] + 1}: {_describe(entry['result'])}")
+        else:
+            entry["result"], entry["error"] = None, error or "not run: a job before it on its cluster failed"
+            say(f"{entry['name']} on {where}: {entry['error']}")
 
 
 def _describe(r: dict[str, Any]) -> str:
@@ -248,11 +271,11 @@ def job_seconds(result: dict[str, Any]) -> float:
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per job and device count: median throughput and share of the roofline."""
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
     for entry in runs:
-        groups.setdefault((entry["name"], entry["devices"]), []).append(entry)
+        groups.setdefault((entry["name"], entry["devices"], entry.get("workers_per_device", 1)), []).append(entry)
     rows = []
-    for (name, devices), entries in groups.items():
+    for (name, devices, workers), entries in groups.items():
         ok = [e["result"] for e in entries if e.get("result") and e["result"]["status"] == "ok"]
         values = [r["throughput"]["value"] for r in ok]
         fractions = [r["roofline"]["fraction"] for r in ok if r.get("roofline") and r["roofline"].get("fraction")]
@@ -261,6 +284,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "name": name,
                 "devices": devices,
+                "workers_per_device": workers,
                 "runs": len(entries),
                 "ok": len(ok),
                 "throughput": statistics.median(values) if values else None,
@@ -278,6 +302,8 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if expected and len(expected) == len(ok)
                 else None,
                 "job_s": statistics.median(job_seconds(r) for r in ok) if ok else None,
+                # What a job adds to its tiles' time once its cluster is up: the per-job overhead.
+                "overhead_s": statistics.median(job_seconds(r) - r["compute_s"] for r in ok) if ok else None,
             }
         )
     return rows

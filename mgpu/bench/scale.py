@@ -1,7 +1,13 @@
-"""``mgpu bench scale``: each job on several device counts (strong scaling).
+"""``mgpu bench scale``: each job on several device counts (strong scaling), and on several
+workers per GPU.
 
 Efficiency at N devices is the median throughput at N over N/b times the median at the
-fewest devices b: 100% means the work was split with nothing lost.
+fewest devices b: 100% means the work was split with nothing lost. With
+``--workers-per-device W`` every device count also runs with 2, 4, ... W workers sharing
+each GPU, the jobs of each layout one after another on one cluster: what does not depend
+on having more GPUs (the job's tiles spread over W workers, their exchanges within the
+device, the per-job overhead) measured on the GPUs at hand. Each row then says its
+``compute_s`` over that of one worker per device.
 """
 
 from __future__ import annotations
@@ -9,8 +15,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .harness import Options, gpu_count, resolve, run_jobs, summarize
-from .suite import SIZES
+from .harness import BenchInputError, Options, gpu_count, resolve, run_jobs, say, summarize
+from .suite import SIZES, job_files
 
 
 def default_counts(have: int) -> list[int]:
@@ -23,27 +29,49 @@ def default_counts(have: int) -> list[int]:
 
 
 def efficiency(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Add ``efficiency`` to each summary row, against the same job's row at the fewest devices."""
-    base: dict[str, dict[str, Any]] = {}
+    """Add ``efficiency`` to each summary row, against the same job's row at the fewest
+    devices with as many workers per device; and ``compute_vs_one_worker``, its
+    ``compute_s`` over the same job's on as many devices with one worker each."""
+    base: dict[tuple[str, int], dict[str, Any]] = {}
+    alone: dict[tuple[str, int], dict[str, Any]] = {}
     for row in sorted(rows, key=lambda r: r["devices"]):
+        workers = row.get("workers_per_device", 1)
         if row["throughput"] is not None:
-            base.setdefault(row["name"], row)
+            base.setdefault((row["name"], workers), row)
+        if workers == 1 and row.get("compute_s"):
+            alone[row["name"], row["devices"]] = row
     for row in rows:
-        b = base.get(row["name"])
+        b = base.get((row["name"], row.get("workers_per_device", 1)))
         if b is None or row["throughput"] is None:
             row["efficiency"] = None
         else:
             row["efficiency"] = row["throughput"] / (row["devices"] / b["devices"] * b["throughput"])
+        one = alone.get((row["name"], row["devices"]))
+        row["compute_vs_one_worker"] = (
+            row["compute_s"] / one["compute_s"] if one is not None and row.get("compute_s") else None
+        )
     return rows
 
 
 def run(opts: Options) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run the suite; returns (what was resolved, the record's body)."""
+    """Run the suite; returns (what was resolved, the record's body).
+
+    Raises
+    ------
+    BenchInputError
+        ``--workers-per-device`` on CPU workers (which are one per core already).
+    """
     if opts.devices is None:
         backend = opts.backend if opts.backend != "auto" else ("cuda" if gpu_count() else "cpu")
         have = gpu_count() if backend == "cuda" else min(os.cpu_count() or 1, 4)
         opts.devices = default_counts(max(have, 1))
     backend, sizes, counts = resolve(opts)
+    most = int(opts.extra.get("workers_per_device") or 1)
+    if most > 1 and backend != "cuda":
+        raise BenchInputError(
+            "--workers-per-device: several workers per device is for GPUs; CPU workers are one per core"
+        )
+    workers = default_counts(most)
     s = SIZES[sizes]
     n = s["matmul"]
     jobs = [
@@ -61,9 +89,20 @@ def run(opts: Options) -> tuple[dict[str, Any], dict[str, Any]]:
                 },
             },
         ),
+        *job_files(opts.extra.get("jobs") or []),
     ]
-    runs = run_jobs(opts, jobs, backend, counts)
-    return {"backend": backend, "sizes": sizes, "device_counts": counts}, {
+    runs = run_jobs(opts, jobs, backend, counts, workers, one_cluster=most > 1)
+    summary = efficiency(summarize(runs))
+    for row in summary:
+        if row.get("workers_per_device", 1) > 1:
+            ratio = row["compute_vs_one_worker"]
+            say(
+                f"{row['name']} on {row['devices']} device(s), {row['workers_per_device']} workers each: "
+                f"compute_s {row['compute_s'] or float('nan'):.4g} s"
+                + (f" ({ratio:.3f}x one worker's)" if ratio else "")
+                + (f", per-job overhead {row['overhead_s']:.3g} s" if row.get("overhead_s") is not None else "")
+            )
+    return {"backend": backend, "sizes": sizes, "device_counts": counts, "workers_per_device": workers}, {
         "runs": runs,
-        "summary": efficiency(summarize(runs)),
+        "summary": summary,
     }

@@ -23,6 +23,7 @@ from .. import config, roofline
 from ..cluster import ResolvedCluster, budget_for, expected_devices, resolve_cluster, scheduler_address
 from ..errors import JobInputError
 from ..planner import Plan
+from ..sharing import share_rates
 from ..sizes import format_bytes
 from ..spec import Job, check_one_cluster
 from ..worker.device import DeviceFacts
@@ -134,8 +135,9 @@ def dry_run(jobs: Sequence[Job]) -> list[DryRun]:
     plans = [plan_job(p, devices, budget, slots=True, spill=resolved.spill == "managed") for p in prepared]
     ceilings, source = local_ceilings(devices)
     at_once = bool(roofline.cpu_hosts(devices))
+    shares = share_rates(ceilings, devices, roofline.ceiling_units())  # workers sharing a GPU split its rates
     return [
-        DryRun(p.job, devices, plan, estimate(p.workload, plan, ceilings, at_once=at_once), source)
+        DryRun(p.job, devices, plan, estimate(p.workload, plan, shares, at_once=at_once), source)
         for p, plan in zip(prepared, plans, strict=True)
     ]
 

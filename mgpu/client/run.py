@@ -15,6 +15,7 @@ from distributed import Client
 from .. import config
 from ..cluster import (
     ClusterInfo,
+    budget_basis,
     budget_for,
     describe_workers,
     expected_devices,
@@ -22,10 +23,11 @@ from ..cluster import (
     resolve_cluster,
     scheduler_address,
 )
-from ..errors import JobFailed
+from ..errors import JobFailed, JobInputError
 from ..results import Recovery, Result, Startup
-from ..roofline import ceilings_at_once, ceilings_for
+from ..roofline import ceiling_units, ceilings_at_once, ceilings_for
 from ..security import check_tls
+from ..sharing import share_rates
 from ..spec import Job, check_one_cluster
 from ..worker.sources import check_output_room
 from ..worker.tasks import open_allocator_window
@@ -127,8 +129,13 @@ def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, clu
         ceilings = ceilings_for(info.client, info.devices, [job.workload])
         busy = ceilings_at_once(info.client, info.devices, ceilings, [job.workload])  # the estimate's
         marks.append(time.perf_counter())
-        plan = plan_job(p, info.devices, info.budget(), slots=info.slots, spill=info.spills)
-        expected = estimate(workload, plan, busy, at_once=busy is not ceilings)
+        try:
+            plan = plan_job(p, info.devices, info.budget(), slots=info.slots, spill=info.spills)
+        except JobInputError as e:
+            raise JobInputError(f"{e} ({budget_basis(info.resolved.memory_limit, info.devices)})") from None
+        # Workers that share a GPU each count on their share of its rates.
+        shares = share_rates(busy, info.devices, ceiling_units())
+        expected = estimate(workload, plan, shares, at_once=busy is not ceilings)
         if expected is not None:
             plan.notes["estimate"] = {"seconds": expected.seconds, "basis": expected.basis}
         marks.append(time.perf_counter())
@@ -149,7 +156,15 @@ def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, clu
         panel_records: list[TileRecord] = []
         with reference_beside(workload, plan, job.verify) as reference:
             records = run_plan(
-                info.client, workload, plan, tile_done, recovery, events.worker_lost, resources, panel_records
+                info.client,
+                workload,
+                plan,
+                tile_done,
+                recovery,
+                events.worker_lost,
+                resources,
+                panel_records,
+                {addr: f.physical for addr, f in info.devices.items()},
             )
             events.panels_made(panel_records)
             if reference is not None:

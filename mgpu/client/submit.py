@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from distributed.comm import get_address_host
@@ -74,15 +74,22 @@ def panel_priorities(plan: Plan) -> dict[str, int]:
 
 
 def submit_steps(
-    client: Any, workload: Workload, plan: Plan, token: str, resources: dict[str, float] | None = None
+    client: Any,
+    workload: Workload,
+    plan: Plan,
+    token: str,
+    resources: dict[str, float] | None = None,
+    devices: Mapping[str, str] | None = None,
 ) -> dict[int, Any]:
     """Submit every step of a stepped plan (``plan.steps``); returns each tile's last step.
 
     Step s of a tile runs on the tile's worker after its own step s-1 and its neighbours'
     (what they sent is an argument); a neighbour on another worker gets its data device
-    to device where both are GPUs of one host, through the host otherwise. All steps are submitted at once: a worker runs each as soon as
-    what it waits for has run, earlier steps first.
+    to device where both are GPUs of one host or its worker shares this one's GPU (``devices``:
+    each worker's physical device), through the host otherwise. All steps are submitted
+    at once: a worker runs each as soon as what it waits for has run, earlier steps first.
     """
+    devices = devices or {}
     where = {t.index: t.worker or "" for t in plan.tiles}  # static: every tile names its worker
     last: dict[int, Any] = {}
     for step in range(plan.steps):
@@ -91,6 +98,8 @@ def submit_steps(
             remote = frozenset(n for n in t.neighbours if where[n] != where[t.index])
             # Workers of one host: their GPUs may reach each other directly (mgpu.worker.exchange).
             peers = frozenset(n for n in remote if get_address_host(where[n]) == get_address_host(where[t.index]))
+            mine = devices.get(where[t.index])
+            same = frozenset(n for n in peers if mine is not None and devices.get(where[n]) == mine)
             now[t.index] = client.submit(
                 step_tile,
                 workload,
@@ -101,6 +110,7 @@ def submit_steps(
                 [last[n] for n in t.neighbours if n in last],
                 remote,
                 peers,
+                same,
                 key=f"{workload.name}-step-{t.index}-{step}-{token}",
                 workers=[t.worker],
                 allow_other_workers=False,
@@ -121,6 +131,7 @@ def run_plan(
     on_lost: Callable[[str, list[int]], None] = lambda w, t: None,
     resources: dict[str, float] | None = None,
     panel_records: list[TileRecord] | None = None,
+    devices: Mapping[str, str] | None = None,
 ) -> list[TileRecord]:
     """Submit every tile where the plan places it and gather the records.
 
@@ -131,7 +142,8 @@ def run_plan(
     Tiles of a worker that is lost
     go to the workers that remain (see :class:`~mgpu.client.recover.TileTracker`); ``recovery``,
     if given, receives the lost workers and the recomputed tiles; ``panel_records``, if
-    given, the records of the panels' making (their time and bytes belong to the job).
+    given, the records of the panels' making (their time and bytes belong to the job);
+    ``devices`` (worker address -> its physical device) tells which workers share a GPU.
 
     Raises
     ------
@@ -164,7 +176,7 @@ def run_plan(
             priority=priorities[p.name],
         )
 
-    stepped = submit_steps(client, workload, plan, token, resources) if plan.steps > 1 else {}
+    stepped = submit_steps(client, workload, plan, token, resources, devices) if plan.steps > 1 else {}
 
     def submit(tile: Tile, worker: str | None, attempt: int) -> Any:
         again = f"-r{attempt}" if attempt else ""

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import JobInputError
+from ..gpus import cuda_count, cuda_name
 from ..sizes import format_bytes, parse_size
 
 __all__ = ["ALLOCATORS", "AllocBench", "parse_sizes", "print_alloc_bench", "run_alloc_bench"]
@@ -163,12 +164,7 @@ def _gpu_count() -> tuple[int, str]:
         return 0, "CuPy is not installed (pip install 'mgpu[cuda13]')"
     if importlib.util.find_spec("rmm") is None:
         return 0, "RMM is not installed (pip install 'mgpu[cuda13]')"
-    try:
-        import cupy
-
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:
-        return 0, f"no CUDA GPU is visible ({type(e).__name__}: {e})"
+    count = cuda_count()
     return count, "" if count else "no CUDA GPU is visible"
 
 
@@ -232,12 +228,11 @@ def run_alloc_bench(
             f"--sizes: {format_bytes(too_big[0])} is more than a quarter of GPU {device}'s free "
             f"memory ({format_bytes(free)}); choose smaller sizes"
         )
-    name = cupy.cuda.runtime.getDeviceProperties(device)["name"]
     limit = managed_limit(free)
     bench = AllocBench(
         device={
             "id": device,
-            "name": name.decode() if isinstance(name, bytes) else str(name),
+            "name": cuda_name(device),
             "free": int(free),
             "total": int(total),
         },

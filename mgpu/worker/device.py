@@ -39,6 +39,17 @@ class DeviceFacts:
     free: int  # bytes free when asked
     host: str
     compute_capability: str | None = None
+    # The physical device: a GPU's (or MIG slice's) UUID, or a CPU worker's own name.
+    # Workers that give the same one share the device (see mgpu.sharing).
+    uuid: str = ""
+    # Bytes the worker's allocator may hand out (its RMM pool's limit or size), where it has one.
+    budget: int | None = None
+    pid: int = 0  # the worker's process, which its tiles' records name
+
+    @property
+    def physical(self) -> str:
+        """The physical device's identity: its UUID, or its host and ordinal where none was given."""
+        return self.uuid or f"{self.host}/{self.backend}-{self.id}"
 
 
 @dataclass

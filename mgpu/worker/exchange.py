@@ -9,6 +9,8 @@ on the copy stream and are waited for before the step's task returns, so the Das
 dependencies order everything: a sender overwrites a buffer at its step s + 2 only after
 the receivers' step s + 1 tasks, which copied from it, have returned.
 
+A neighbour's worker on the same GPU takes the same path: it opens the buffer by IPC and
+copies within the device (no peer access, which CUDA refuses for a device and itself).
 Where the GPUs cannot reach each other (another host, no peer access) the core fetches
 the array to the host instead (see :func:`mgpu.worker.tile.step_tile`).
 
@@ -27,6 +29,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from ..gpus import can_access_peer, cuda_count, uuid_bytes
 from .panels import enable_peer_access
 
 __all__ = ["PeerArray", "PeerBuffers", "peers_reachable"]
@@ -35,10 +38,8 @@ __all__ = ["PeerArray", "PeerBuffers", "peers_reachable"]
 @functools.cache
 def peers_reachable() -> bool:
     """Whether this process's GPU (its device 0) can reach every other GPU it sees."""
-    import cupy
-
-    count = cupy.cuda.runtime.getDeviceCount()
-    return count > 1 and all(cupy.cuda.runtime.deviceCanAccessPeer(0, k) for k in range(1, count))
+    count = cuda_count()
+    return count > 1 and all(can_access_peer(0, k) for k in range(1, count))
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,10 @@ class PeerArray:
 
         return int(cupy.dtype(self.dtype).itemsize * math.prod(self.shape))
 
-
-@functools.cache
-def _uuid(ordinal: int) -> bytes:
-    import cupy
-
-    return bytes(cupy.cuda.runtime.getDeviceProperties(ordinal)["uuid"])
+    @property
+    def same_device(self) -> bool:
+        """Whether it lies on this process's own GPU (another worker on this GPU sent it)."""
+        return self.gpu_uuid == uuid_bytes(0)
 
 
 class PeerBuffers:
@@ -97,7 +96,7 @@ class PeerBuffers:
         )
         copy.synchronize()
         return PeerArray(
-            token, socket.gethostname(), os.getpid(), _uuid(0), handle, tuple(data.shape), str(data.dtype), slot
+            token, socket.gethostname(), os.getpid(), uuid_bytes(0), handle, tuple(data.shape), str(data.dtype), slot
         )
 
     def receive(self, dev: Any, ref: PeerArray, after: Any) -> Any:
@@ -110,7 +109,11 @@ class PeerBuffers:
         with self._lock:
             opened = self._opened.setdefault(ref.token, {})
             if ref.handle not in opened:
-                peer = next((k for k in range(1, cupy.cuda.runtime.getDeviceCount()) if _uuid(k) == ref.gpu_uuid), None)
+                peer = (
+                    0
+                    if ref.same_device
+                    else next((k for k in range(1, cuda_count()) if uuid_bytes(k) == ref.gpu_uuid), None)
+                )
                 if peer is None:
                     raise RuntimeError(
                         f"tile {ref.slot[0]}'s GPU is not one this worker sees; its rows cannot come direct"

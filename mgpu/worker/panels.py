@@ -4,7 +4,9 @@ A panel task makes a block of an operand once (generated or read) and keeps it i
 worker's memory; what goes back through Dask is a small :class:`PanelRef`. A tile task
 on another GPU of the same node opens the panel by CUDA IPC and copies it over NVLink
 (peer to peer, never through host memory) on a copy stream of its own, while its compute
-stream works on what has arrived. Where no peer path exists (another node, no peer
+stream works on what has arrived. A tile task of another worker on the same GPU opens it
+by CUDA IPC too, and copies it within the device (no peer access is needed, or allowed,
+to reach one's own device). Where no peer path exists (another node, no peer
 access, or CPU workers) the tile makes its own copy from the operand's source instead:
 inputs are deterministic, so that copy is the same data.
 
@@ -27,6 +29,8 @@ import socket
 import threading
 from dataclasses import dataclass
 from typing import Any
+
+from ..gpus import can_access_peer, cuda_count, uuid_bytes
 
 __all__ = [
     "PanelRef",
@@ -56,12 +60,6 @@ class PanelRef:
     record: Any = None  # the TileRecord (kind "panel") of its making: time and bytes moved
 
 
-def _uuid(ordinal: int) -> bytes:
-    import cupy
-
-    return bytes(cupy.cuda.runtime.getDeviceProperties(ordinal)["uuid"])
-
-
 def publish(
     store: PanelStore, dev: Any, token: str, name: str, shape: tuple[int, ...], dtype: str, fill: Any
 ) -> PanelRef:
@@ -77,7 +75,7 @@ def publish(
             fill(arr)
         dev.synchronize()
         handle = bytes(cupy.cuda.runtime.ipcGetMemHandle(memory.ptr))
-        ref = PanelRef(token, name, tuple(shape), str(dtype), socket.gethostname(), os.getpid(), _uuid(0), handle)
+        ref = PanelRef(token, name, tuple(shape), str(dtype), socket.gethostname(), os.getpid(), uuid_bytes(0), handle)
     else:
         import numpy as np
 
@@ -96,19 +94,23 @@ def resident(store: PanelStore, ref: PanelRef) -> Any | None:
 
 
 def peer_ordinal(ref: PanelRef) -> int | None:
-    """This process's ordinal of the GPU holding ``ref``, if it can reach it directly."""
+    """This process's ordinal of the GPU holding ``ref``, if it can reach it directly: 0
+    where another worker on this same GPU made it."""
     if ref.gpu_uuid is None or ref.host != socket.gethostname():
         return None
-    import cupy
-
-    for ordinal in range(1, cupy.cuda.runtime.getDeviceCount()):
-        if _uuid(ordinal) == ref.gpu_uuid:
-            return ordinal if cupy.cuda.runtime.deviceCanAccessPeer(0, ordinal) else None
+    if ref.gpu_uuid == uuid_bytes(0):
+        return 0
+    for ordinal in range(1, cuda_count()):
+        if uuid_bytes(ordinal) == ref.gpu_uuid:
+            return ordinal if can_access_peer(0, ordinal) else None
     return None
 
 
 def enable_peer_access(peer: int) -> None:
-    """Let this process's device 0 reach ``peer`` directly (NVLink or PCIe P2P)."""
+    """Let this process's device 0 reach ``peer`` directly (NVLink or PCIe P2P); nothing
+    for device 0 itself, which CUDA refuses as its own peer."""
+    if peer == 0:
+        return
     import cupy
 
     try:
@@ -120,17 +122,16 @@ def enable_peer_access(peer: int) -> None:
 
 def enable_all_peers() -> None:
     """Enable peer access from this process's device 0 to every GPU it can reach."""
-    import cupy
-
-    for ordinal in range(1, cupy.cuda.runtime.getDeviceCount()):
-        if cupy.cuda.runtime.deviceCanAccessPeer(0, ordinal):
+    for ordinal in range(1, cuda_count()):
+        if can_access_peer(0, ordinal):
             enable_peer_access(ordinal)
 
 
 class RemotePanel:
     """A peer's panel opened by CUDA IPC (:meth:`open` to :meth:`close`).
 
-    ``peer`` is this process's ordinal of the GPU holding it (see :func:`peer_ordinal`).
+    ``peer`` is this process's ordinal of the GPU holding it (see :func:`peer_ordinal`): 0
+    for a panel of another worker on this GPU, opened without peer access.
     """
 
     def __init__(self, ref: PanelRef, peer: int) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 
 import psutil
 
+from .. import gpus
 from .device import Device, DeviceFacts, address_space_room
 from .exchange import PeerBuffers
 from .panels import PanelStore
@@ -68,36 +69,31 @@ def make_runtime(backend: str, worker: Any = None) -> Runtime:
     where CuPy sees one: a worker of a cluster mgpu joined may or may not have one)."""
     if backend == "auto":
         backend = "cuda" if _has_cuda() else "cpu"
-    return Runtime(_cuda_device() if backend == "cuda" else _cpu_device(worker))
+    return Runtime(_cuda_device(worker) if backend == "cuda" else _cpu_device(worker))
 
 
 def _has_cuda() -> bool:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+    return gpus.cuda_count() > 0
 
 
-def _cuda_device() -> Device:
+def _cuda_device(worker: Any = None) -> Device:
     import cupy
 
     # LocalCUDACluster and `dask cuda worker` put the worker's own GPU first.
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
-    ordinal = int(visible) if visible.isdigit() else 0
+    visible = (gpus.visible_devices() or ["0"])[0]
     cupy.cuda.Device(0).use()
-    props = cupy.cuda.runtime.getDeviceProperties(0)
-    free, total = cupy.cuda.runtime.memGetInfo()
-    name = props["name"]
+    gpu = gpus.cuda_gpu(0)
     facts = DeviceFacts(
         backend="cuda",
-        id=ordinal,
-        name=name.decode() if isinstance(name, bytes) else str(name),
-        memory=int(total),
-        free=int(free),
+        id=int(visible) if visible.isdigit() else 0,
+        name=gpu.name,
+        memory=gpu.memory,
+        free=gpu.free,
         host=socket.gethostname(),
-        compute_capability=f"{props['major']}.{props['minor']}",
+        compute_capability=gpu.compute_capability,
+        uuid=gpu.uuid,
+        budget=_rmm_budget(worker),
+        pid=os.getpid(),
     )
     # Each task thread enqueues on a non-blocking stream of its own, never on the legacy
     # default stream that serialises everything. The threads' streams outrank the shared
@@ -122,12 +118,27 @@ def _cpu_device(worker: Any) -> Device:
     total = int(limit) if limit else psutil.virtual_memory().total
     total = address_space_room(total)
     name = str(getattr(worker, "name", 0))
+    host = socket.gethostname()
     facts = DeviceFacts(
         backend="cpu",
         id=int(name) if name.isdigit() else 0,
         name="cpu",
         memory=total,
         free=total,
-        host=socket.gethostname(),
+        host=host,
+        # Each CPU worker (one core) is a device of its own.
+        uuid=f"{host}/cpu-{name}",
+        pid=os.getpid(),
     )
     return Device("cpu", numpy, facts)
+
+
+def _rmm_budget(worker: Any) -> int | None:
+    """The bytes the worker's RMM pool may hold, as dask-cuda set it up (its maximum, else
+    its initial size, in bytes once set up); None without a pool of known size."""
+    for plugin in (getattr(worker, "plugins", None) or {}).values():
+        if type(plugin).__name__ == "RMMSetup":  # dask_cuda.plugins.RMMSetup, LocalCUDACluster's or the CLI's
+            for size in (getattr(plugin, "maximum_pool_size", None), getattr(plugin, "initial_pool_size", None)):
+                if isinstance(size, int) and size > 0:
+                    return size
+    return None

@@ -93,11 +93,23 @@ def step_tile(
     received: list[_tile.Sent],
     remote: frozenset[int],
     peers: frozenset[int],
+    same_device: frozenset[int] = frozenset(),
 ) -> _tile.Sent:
     """Step ``step`` of a stepped tile on this worker's device (see :func:`mgpu.worker.tile.step_tile`)."""
     rt = current()
     return _tile.step_tile(
-        workload, rt.device, tile, step, token, previous, received, remote, peers, steps=rt.steps, buffers=rt.exchange
+        workload,
+        rt.device,
+        tile,
+        step,
+        token,
+        previous,
+        received,
+        remote,
+        peers,
+        same_device,
+        steps=rt.steps,
+        buffers=rt.exchange,
     )
 
 

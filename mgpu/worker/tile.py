@@ -177,6 +177,7 @@ def step_tile(
     received: list[Sent],
     remote: frozenset[int] = frozenset(),
     peers: frozenset[int] = frozenset(),
+    same_device: frozenset[int] = frozenset(),
     *,
     steps: StepStore,
     buffers: exchange.PeerBuffers,
@@ -188,8 +189,10 @@ def step_tile(
     ``finish_step``, and returns what the tile sends. Data for a neighbour in ``remote``
     (placed on another worker) leaves on the copy stream as soon as ``step`` has made it,
     while ``finish_step``'s work runs: device to device where that worker is in ``peers``
-    (a GPU of this host) and the GPUs reach each other (see :mod:`mgpu.worker.exchange`), through
-    the host otherwise. The rest stays on the device, ordered by an event after the step.
+    (a GPU of this host) and the GPUs reach each other, or in ``same_device`` (a worker on
+    this GPU) (see :mod:`mgpu.worker.exchange`), through the host otherwise; what came
+    device to device is counted in the tile's record (``bytes_d2d``, and of it
+    ``bytes_same_device``). The rest stays on the device, ordered by an event after the step.
     ``steps`` keeps the tile's context between its steps; ``buffers`` are the worker's of
     that exchange.
     """
@@ -211,6 +214,10 @@ def step_tile(
         for sent in received:
             data = sent.data[tile.index]
             if isinstance(data, exchange.PeerArray):
+                ctx.record.bytes_d2d += data.nbytes
+                if data.same_device:
+                    ctx.record.bytes_same_device += data.nbytes
+                    ctx.record.copies_same_device += 1
                 data = buffers.receive(dev, data, previous.ready if previous is not None else None)
             inbox[sent.sender] = data
         out = workload.step(ctx, tile, step, inbox)
@@ -218,7 +225,9 @@ def step_tile(
         made = dev.stream.record() if far and dev.is_gpu else None
         workload.finish_step(ctx, tile, step)
         if far:
-            direct = peers if dev.is_gpu and exchange.peers_reachable() else frozenset()
+            direct = (
+                ((peers if exchange.peers_reachable() else frozenset()) | same_device) if dev.is_gpu else frozenset()
+            )
             out = {
                 n: (buffers.export(dev, token, tile.index, n, step, d, made) if n in direct else _fetch(dev, d, made))
                 if n in far

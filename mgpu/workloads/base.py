@@ -43,8 +43,11 @@ class TileRecord:
     work: float  # flops, bytes or iterations this tile did
     bytes_h2d: int = 0
     bytes_d2h: int = 0
-    bytes_d2d: int = 0  # received from another GPU, peer to peer
+    bytes_d2d: int = 0  # received device to device from another worker's memory (CUDA IPC)
     d2d_s: float = 0.0  # device time of those copies
+    # Of bytes_d2d, those from a worker on this same GPU, and how many copies brought them.
+    bytes_same_device: int = 0
+    copies_same_device: int = 0
     h2d_s: float = 0.0  # device time of the staged host->device copies (see mgpu.worker.transfer)
     d2h_s: float = 0.0
     kind: str = "tile"  # "panel": the making of a panel the tiles read (see mgpu.worker.panels)

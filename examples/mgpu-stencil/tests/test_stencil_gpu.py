@@ -1,5 +1,6 @@
 """workload: stencil on GPUs: the CUDA kernel is NumPy's step bit for bit, and jobs on one
-and two GPUs give NumPy's sweep. Run on a GPU machine with ``pytest -m gpu``."""
+GPU and on two workers (two GPUs, or two workers sharing one) give NumPy's sweep. Run on a
+GPU machine with ``pytest -m gpu``."""
 
 from __future__ import annotations
 
@@ -19,10 +20,14 @@ from mgpu.worker.kernels import random_block  # noqa: E402
 
 
 def _gpus() -> int:
-    try:
-        return cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError:
-        return 0
+    from mgpu.gpus import cuda_count
+
+    return cuda_count()
+
+
+def _workers(n: int) -> dict:
+    """n GPU workers: one on each of n GPUs where there are, else n sharing GPU 0."""
+    return {"devices": list(range(n))} if _gpus() >= n else {"devices": [0], "workers_per_device": n}
 
 
 if _gpus() == 0:
@@ -61,26 +66,33 @@ def test_a_band_taller_than_the_grid_of_blocks():
     np.testing.assert_array_equal(cupy.asnumpy(got)[1:-1], want[1:-1])
 
 
-def _job(tmp_path, devices, **params):
+def _job(tmp_path, cluster, **params):
     out = tmp_path / "grid.npy"
     doc = {
         "workload": "stencil",
         "params": {"height": 1531, "width": 1203, "steps": 40, "seed": 2, "output": str(out), **params},
-        "cluster": {"backend": "cuda", "devices": devices, "dashboard": None},
+        "cluster": {"backend": "cuda", "dashboard": None, **cluster},
     }
     return run_job(validate_job(doc)), out
 
 
 def test_one_gpu_several_bands_give_numpys_sweep(tmp_path):
-    result, out = _job(tmp_path, [0], bands_per_device=3)
+    result, out = _job(tmp_path, {"devices": [0]}, bands_per_device=3)
     assert result.status == "ok" and result.verify.passed and result.backend == "cuda"
     assert result.roofline is not None and "copy measured on one device alone" in result.roofline.basis
     np.testing.assert_array_equal(np.load(out), sweep(_grid(1531, 1203, seed=2), 40))
 
 
-@pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs")
-def test_two_gpus_exchange_halo_rows_and_give_numpys_sweep(tmp_path):
-    result, out = _job(tmp_path, [0, 1], bands_per_device=2, dtype="float64")
+def test_two_workers_exchange_halo_rows_and_give_numpys_sweep(tmp_path):
+    result, out = _job(tmp_path, _workers(2), bands_per_device=2, dtype="float64")
     assert result.status == "ok" and result.verify.passed
-    assert sorted(d.id for d in result.per_device) == [0, 1]
+    assert len(result.per_worker) == 2 and all(w.tiles == 2 for w in result.per_worker)
     np.testing.assert_array_equal(np.load(out), sweep(_grid(1531, 1203, seed=2, dtype="float64"), 40))
+    if _gpus() < 2:
+        # Both workers on one GPU: one device, and the halo rows between them went by CUDA
+        # IPC within it, a float64 row of the grid per copy, never through the host.
+        assert [d["workers"] for d in result.devices] == [2]
+        for w in result.per_worker:
+            assert w.copies_same_device > 0 and w.bytes_same_device == w.bytes_d2d == w.copies_same_device * 1203 * 8
+    else:
+        assert sorted(d.id for d in result.per_device) == [0, 1]

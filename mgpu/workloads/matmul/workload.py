@@ -520,6 +520,8 @@ class DistributedMatmul(Matmul):
                 arrived = following
         dev.stream.synchronize()
         ctx.record.bytes_d2d = moved
+        if peer == 0:  # another worker on this GPU made B: the copies stayed on the device
+            ctx.record.bytes_same_device, ctx.record.copies_same_device = moved, len(copies)
         ctx.record.d2d_s = sum(cupy.cuda.get_elapsed_time(b, e) for b, e in copies) / 1e3
         return c, br
 
