@@ -51,7 +51,9 @@ class _Reporter(Events):
             where += " (joined cluster)" if not info.owned else f" ({info.resolved.why})"
         else:
             names = sorted({f.name for f in info.devices.values()})
-            where = f"{n} GPU worker{'s' * (n != 1)} ({', '.join(names)}), allocator {info.resolved.allocator}"
+            gpus = len({f.physical for f in info.devices.values()})
+            shared = f" on {gpus} GPU{'s' * (gpus != 1)}" if gpus != n else ""
+            where = f"{n} GPU worker{'s' * (n != 1)}{shared} ({', '.join(names)}), allocator {info.resolved.allocator}"
         self.console.print(f"mgpu: running on {where}")
         if info.dashboard_link:
             self.console.print(f"mgpu: dashboard {info.dashboard_link}")

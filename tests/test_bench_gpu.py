@@ -31,6 +31,21 @@ def test_suite_on_one_gpu(tmp_path):
     assert all(r["roofline_fraction"] for r in record["summary"])
 
 
+def test_scale_spreads_each_job_over_workers_sharing_one_gpu(tmp_path):
+    record = _record(tmp_path, "scale", "--devices", "1", "--workers-per-device", "2")
+    assert record["options"]["workers_per_device"] == [1, 2]
+    rows = {(r["name"], r["workers_per_device"]): r for r in record["summary"]}
+    assert {w for _, w in rows} == {1, 2} and len(rows) == 6
+    for (name, workers), row in rows.items():
+        assert row["ok"] == row["runs"] == 1 and row["overhead_s"] is not None
+        assert row["compute_vs_one_worker"] == (
+            1.0 if workers == 1 else rows[name, 2]["compute_s"] / rows[name, 1]["compute_s"]
+        )
+    # Two workers, one GPU: each result counts the GPU once.
+    shared = [e["result"] for e in record["runs"] if e.get("workers_per_device") == 2]
+    assert shared and all([d["workers"] for d in r["devices"]] == [2] for r in shared)
+
+
 def test_peers_on_one_gpu(tmp_path):
     record = _record(tmp_path, "peers", "--devices", "1", "--protocol", "tcp")
     alts = record["alternatives"]

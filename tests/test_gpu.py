@@ -278,6 +278,24 @@ def test_a_corrupted_peer_tile_is_caught():
     assert result.status == "failed" and result.verify.failed_tiles == [1]
 
 
+@pytest.mark.multi_gpu(2)
+def test_a_joined_cluster_is_planned_for_its_workers_pools_and_refuses_what_cannot_fit():
+    from distributed import Client
+
+    from mgpu.errors import JobInputError
+
+    with cuda_cluster(2, rmm_pool_size="1GB") as cluster, Client(cluster):
+        joined = {"scheduler": cluster.scheduler_address, "dashboard": None}
+        result = run_job(validate_job({**_job("matmul", {"m": 8192, "n": 8192, "k": 8192}), "cluster": joined}))
+        # Planned for each worker's 1 GB pool, not for the device (nor a share of it).
+        assert result.verify.passed and result.plan["budget"] == 10**9
+        wide = {**_job("mandelbrot", {"width": 400_000_000, "height": 2, "max_iter": 2}), "cluster": joined}
+        with pytest.raises(
+            JobInputError, match=r"the budget, 0\.93 GiB a worker, is worker .*'s: the size of its RMM pool"
+        ):
+            run_job(validate_job(wide))
+
+
 @pytest.mark.parametrize("allocator", ["pool", "async"])
 def test_spill_to_managed_memory_finishes_a_tile_bigger_than_the_budget(allocator):
     # A 1 GB cap and a tile that needs ~1.8 GB: what spills stays far below the card's free memory.
