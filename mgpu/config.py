@@ -38,7 +38,7 @@ DEFAULTS_PATH = Path(__file__).with_name("mgpu.yaml")
 SCHEMA_PATH = Path(__file__).with_name("mgpu-schema.yaml")
 ReadMethod = Literal["auto", "kvikio", "mmap"]
 READ_METHODS: tuple[str, ...] = get_args(ReadMethod)
-WriteMethod = Literal["mmap", "kvikio"]
+WriteMethod = Literal["mmap", "pwrite", "kvikio"]
 WRITE_METHODS: tuple[str, ...] = get_args(WriteMethod)
 
 dask.config.update_defaults(yaml.safe_load(DEFAULTS_PATH.read_text()))
@@ -67,6 +67,7 @@ class Io(_Section):
 
     read: ReadMethod = "auto"
     write: WriteMethod = "mmap"
+    writers: int | Literal["auto"] = "auto"  # auto: see worker.io.writers
     threads: int = 16
     task_size: int = 8 << 20
 
@@ -90,6 +91,11 @@ class Io(_Section):
     def _task_size(cls, value: Any) -> int:
         return _positive_bytes(value, "8MiB")
 
+    @field_validator("writers", mode="before")
+    @classmethod
+    def _writers(cls, value: Any) -> int | str:
+        return _count_or_auto(value, "auto (the host copy threads, or 2 with write: pwrite)")
+
 
 class Transfer(_Section):
     """``mgpu.transfer``: how workers stage copies between host memory and GPU."""
@@ -105,15 +111,20 @@ class Transfer(_Section):
     @field_validator("host_threads", mode="before")
     @classmethod
     def _host_threads(cls, value: Any) -> int | str:
-        if value == "auto":
-            return value
-        try:
-            n = int(value) if not isinstance(value, (bool, float)) else 0
-        except (TypeError, ValueError):  # None, a list, "many"
-            n = 0
-        if n < 1:
-            raise ValueError(f"{value!r} is not a positive whole number or auto (half the cores, at most 16)")
-        return n
+        return _count_or_auto(value, "auto (half the cores, at most 16)")
+
+
+def _count_or_auto(value: Any, auto: str) -> int | str:
+    """``"auto"``, or a positive whole number (one given as text too)."""
+    if value == "auto":
+        return value
+    try:
+        n = int(value) if not isinstance(value, (bool, float)) else 0
+    except (TypeError, ValueError):  # None, a list, "many"
+        n = 0
+    if n < 1:
+        raise ValueError(f"{value!r} is not a positive whole number or {auto}")
+    return n
 
 
 class Recovery(_Section):

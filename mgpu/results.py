@@ -26,6 +26,7 @@ __all__ = [
     "Recovery",
     "Result",
     "Startup",
+    "Timeline",
     "allocator_cell",
     "build_result",
     "estimate_cell",
@@ -133,6 +134,22 @@ class Expected(BaseModel):
     measures: str = "compute_s"
 
 
+class Timeline(BaseModel):
+    """Where one tile's time went on its worker, in seconds (a streamed matmul's tiles; see
+    :func:`mgpu.workloads.matmul.writers.timeline`): ``first_load_s`` + ``products_s`` +
+    ``idle_s`` + ``write_tail_s`` = ``span_s``."""
+
+    tile: int
+    device: int
+    span_s: float  # from the task's start to its last piece of output written
+    first_load_s: float  # until the first product could start (its inputs read)
+    products_s: float  # the products' device time
+    idle_s: float  # between the first product and the last one's end, the device waiting
+    write_tail_s: float  # after the last product, the writes still going on
+    writes_s: float | None = None  # while at least one writer wrote, hidden or not
+    pieces: int | None = None  # write jobs the writer threads ran
+
+
 class Recovery(BaseModel):
     lost_workers: list[str] = []  # addresses of workers that left the cluster during the job
     recomputed_tiles: list[int] = []  # tiles resubmitted to other workers because theirs was lost
@@ -163,6 +180,7 @@ class Result(BaseModel):
     pcie: Pcie | None = None
     phases: dict[str, Phase] = {}
     estimate: Expected | None = None  # absent from results written before it was recorded
+    timeline: list[Timeline] = []  # per tile that reports one (streamed matmul), by tile
 
 
 def build_result(
@@ -282,6 +300,11 @@ def build_result(
         pcie=pcie,
         phases=_phases(records, where),
         estimate=Expected(**plan.notes["estimate"]) if "estimate" in plan.notes else None,
+        timeline=[
+            Timeline(tile=r.index, device=r.device, **r.extra["timeline"])
+            for r in sorted(records, key=lambda r: r.index)
+            if "timeline" in r.extra
+        ],
     )
 
 

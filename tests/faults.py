@@ -1,8 +1,8 @@
 """Faults the tests inject from their side: a tile whose answer is spoiled between its run
-and its check, for the tests that prove every workload's check fails a job; and tiles held
-before they start, for the tests that stop a job mid-way. Both are worker plugins that wrap
-the tile task's function in each worker's process (tasks name it by reference, so the
-workers find the wrapper); teardown puts it back."""
+and its check, for the tests that prove every workload's check fails a job; tiles held
+before they start, for the tests that stop a job mid-way; and writes into an output that
+fail mid-way. Each is a worker plugin that wraps a function in each worker's process
+(tasks name it by reference, so the workers find the wrapper); teardown puts it back."""
 
 from __future__ import annotations
 
@@ -103,3 +103,35 @@ class SlowTiles(_WrapsRunTile):
             return real(*args, **kwargs)
 
         return slow
+
+
+class FailWrites(WorkerPlugin):
+    """Make every write into an output whose name ends in ``suffix``, past its first row,
+    fail (``OSError``) on these workers: a job whose output is written piece by piece
+    fails after some pieces are in the file. Other outputs are written as ever."""
+
+    name = "mgpu-test-fail-writes"
+
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+        self._real: Any = None
+
+    def setup(self, worker: Any = None) -> None:
+        from mgpu.worker.sources import NpySink
+
+        real = self._real = NpySink.write
+        suffix = self.suffix
+
+        @functools.wraps(real)
+        def write(sink: Any, index: Any, block: Any, dev: Any = None) -> None:
+            if sink.path.endswith(suffix) and index[0].indices(sink.shape[0])[0] > 0:
+                raise OSError(28, "no space left (a test's stand-in)", sink.partial)
+            real(sink, index, block, dev)
+
+        NpySink.write = write  # type: ignore[method-assign]
+
+    def teardown(self, worker: Any = None) -> None:
+        from mgpu.worker.sources import NpySink
+
+        if self._real is not None:
+            NpySink.write = self._real  # type: ignore[method-assign]

@@ -72,7 +72,7 @@ def test_outofcore_on_one_gpu(tmp_path):
     assert set(matmul["vs"]) == set(figures) and all(v["speedup"] > 0 for v in matmul["vs"].values())
     row = next(r for r in record["summary"] if r["name"] == matmul["name"])
     assert set(row["vs_cublasxt"]) == set(figures)
-    assert not list(tmp_path.glob("cublasxt-c.npy"))  # the same work's C is gone
+    assert not list(tmp_path.rglob("cublasxt-c.npy"))  # the same work's C is gone
 
 
 def test_alloc_on_a_gpu(tmp_path):

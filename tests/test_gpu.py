@@ -137,6 +137,23 @@ def _job(workload: str, params: dict, **cluster) -> dict:
     }
 
 
+@pytest.mark.parametrize("precision,dtype", [("default", "float64"), ("tf32", "float32")])
+def test_a_tile_of_random_operands_made_beside_its_products_is_the_whole_product(tmp_path, precision, dtype):
+    from mgpu.workloads.matmul import overlap
+
+    m, n, k = 4 * overlap.MIN_PIECE_ROWS + 3, 300, 257  # one tile on one GPU: four row pieces
+    out = tmp_path / "c.npy"
+    params = {"m": m, "n": n, "k": k, "dtype": dtype, "precision": precision, "output": str(out), "seed": 5}
+    result = run_job(validate_job(_job("matmul", params, devices=[0])))
+    assert result.status == "ok" and result.verify.passed and result.plan["tiles"] == 1
+    assert len(overlap.pieces_of(m)) == 4
+    a = kernels.random_block(np, seed=5, operand=0, rows=(0, m), cols=(0, k), total_cols=k, dtype=dtype)
+    b = kernels.random_block(np, seed=5, operand=1, rows=(0, k), cols=(0, n), total_cols=n, dtype=dtype)
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    rtol = 1e-12 if dtype == "float64" else 3e-3  # TF32 rounds the operands to 10 bits
+    np.testing.assert_allclose(np.load(out), a @ b, rtol=rtol, atol=rtol * np.sqrt(k))
+
+
 @pytest.mark.parametrize("allocator", ["pool", "async"])
 def test_matmul_on_cuda_cluster_matches_cpu_backend(tmp_path, allocator):
     params = {"m": 1031, "n": 517, "k": 263, "dtype": "float32", "seed": 3}
@@ -619,6 +636,33 @@ def test_streamed_matmul_from_files_on_one_gpu(tmp_path, limit):
     if panels == 1:
         assert result.pcie.bytes == result.pcie.minimum_bytes == 4 * (m * k + k * n + m * n)
     assert matmul_stream.BLOCK_ROWS < k
+    (t,) = result.timeline  # where the tile's time went, the parts adding up to its span
+    parts = (t.first_load_s, t.products_s, t.idle_s, t.write_tail_s)
+    assert min(parts) >= 0 and sum(parts) == pytest.approx(t.span_s, abs=1e-6)
+    assert t.span_s <= result.per_device[0].span_s + 1e-6 and t.products_s > 0 and t.pieces >= 2
+
+
+@pytest.mark.parametrize("method", ["pwrite", "mmap"])
+def test_streamed_matmul_writes_c_by_either_method_on_one_gpu(tmp_path, method):
+    import dask.config
+
+    m, k, n = 2500, 4500, 1800
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    out = tmp_path / "c.npy"
+    params = {
+        "input": {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")},
+        "output": str(out),
+        "operands": "streamed",
+    }
+    with dask.config.set({"mgpu.io.write": method, "mgpu.io.writers": 3}):
+        result = run_job(validate_job(_job("matmul", params, devices=[0], memory_limit="1GB")))
+    assert result.status == "ok" and result.verify.passed
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.abs(np.load(out) - ref).max() <= 1e-4 * np.abs(ref).max()
+    assert result.pcie.bytes == result.pcie.minimum_bytes
 
 
 def test_a_dot_from_files_is_reduced_piece_by_piece_as_kvikio_reads(tmp_path, monkeypatch):

@@ -47,8 +47,25 @@ def _cover(rows: int, k: int, s: ms.Schedule) -> None:
         (50, 64, 50, 64, 4, 8),
     ],
 )
-def test_every_product_runs_once_and_every_row_is_finished_once(rows, k, panel, kb, final, bands):
-    _cover(rows, k, ms.Schedule(panel, kb, final, bands, max(2, final)))
+@pytest.mark.parametrize("first,smallest", [(0, 0), (4, 3), (1, 1)])
+def test_every_product_runs_once_and_every_row_is_finished_once(rows, k, panel, kb, final, bands, first, smallest):
+    _cover(rows, k, ms.Schedule(panel, kb, final, bands, max(2, final), first, smallest))
+
+
+def test_the_first_product_waits_for_a_small_read_and_the_last_write_is_small():
+    s = ms.choose(rows=32768, n=32768, k=32768, itemsize=4, budget=6 << 30, verify=True)
+    # Blocks of 1024 rows leave room for more of B beside C than blocks of 2048 (5 of them).
+    assert s.block_rows == 1024 and s.final_blocks * s.block_rows > 5 * 2048
+    steps = s.steps(32768, 32768)
+    widths = [st.block[1] - st.block[0] for st in steps[:4]]
+    assert widths == [256, 256, 512, 1024]  # the first block in pieces, each read while the last multiplies
+    assert [st.load_b for st in steps[:4]] == [True] * 4
+    done = [st.rows[1] - st.rows[0] for st in steps if st.done]
+    assert sum(done) == 32768 and done[0] == done[-1] == ms.MIN_BAND_ROWS
+    assert done[-2] == ms.MIN_BAND_ROWS and max(done) == 32768 // ms.BANDS
+    # The bands' products, which hide the writes of all bands but the last, are 40% of all.
+    banded = sum((st.rows[1] - st.rows[0]) * (st.block[1] - st.block[0]) for st in steps if st.rows != (0, 32768))
+    assert banded / 32768**2 == s.final_blocks * s.block_rows / 32768 > 0.4
 
 
 def test_blocks_stay_for_the_next_panel_and_bands_finish_one_by_one():
@@ -88,7 +105,7 @@ def _files(tmp_path, m, k, n):
     return a, b, {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")}
 
 
-@pytest.mark.parametrize("limit", ["8MB", "250KB"])  # all of C on each worker; panels of it
+@pytest.mark.parametrize("limit", ["8MB", "200KB"])  # all of C on each worker; panels of it
 def test_streamed_matmul_from_files_to_a_file(tmp_path, scheduler, monkeypatch, limit):
     monkeypatch.setattr(ms, "BLOCK_ROWS", 32)  # 5 blocks of B (the plan is made here, on the client)
     m, k, n = 203, 150, 170
@@ -115,6 +132,58 @@ def test_streamed_matmul_from_files_to_a_file(tmp_path, scheduler, monkeypatch, 
         assert panels >= 2
         b_reads = (pcie["bytes"] - 8 * (m * k + m * n)) / (8 * k * n) / 2  # B's per worker
         assert 1 < b_reads < panels
+
+
+def test_several_writers_write_every_band_and_the_timeline_adds_up(tmp_path, scheduler, monkeypatch):
+    monkeypatch.setattr(ms, "BLOCK_ROWS", 32)  # the plan is made here, on the client
+    monkeypatch.setattr(ms, "MIN_BAND_ROWS", 4)
+    m, k, n = 203, 150, 170
+    a, b, files = _files(tmp_path, m, k, n)
+    out = tmp_path / "c.npy"
+    doc = {
+        "workload": "matmul",
+        "params": {"input": files, "output": str(out), "operands": "streamed"},
+        "cluster": {"memory_limit": "8MB"},
+    }
+    res, data = submit_json(write_job(tmp_path / "job.yaml", doc), tmp_path / "r.json", "--scheduler", scheduler)
+    assert res.code == 0, res.output + res.stderr
+    np.testing.assert_allclose(np.load(out), a @ b, rtol=1e-10, atol=1e-10)
+    assert data["verify"]["passed"] is True
+    assert data["pcie"]["bytes"] == 8 * (m * k + 2 * k * n + m * n)  # C written once, B once per worker
+    rows = 102  # each of the two workers' rows of C, in bands
+    schedule = ms.choose(rows, n, k, 8, 8_000_000, True)
+    bands = ms.band_bounds(rows, schedule.bands, schedule.smallest_band)
+    assert len(bands) > ms.WRITERS
+    spans = {d["id"]: d["span_s"] for d in data["per_device"]}
+    assert [t["tile"] for t in data["timeline"]] == [0, 1]
+    for t in data["timeline"]:
+        parts = [t["first_load_s"], t["products_s"], t["idle_s"], t["write_tail_s"]]
+        assert min(parts) >= 0 and sum(parts) == pytest.approx(t["span_s"], abs=1e-6)
+        assert t["span_s"] <= spans[t["device"]] + 1e-6  # within the tile's own span
+        assert t["products_s"] > 0 and t["writes_s"] > 0
+        assert t["pieces"] == len(bands) + 1  # every band, and the output's pages made first
+
+
+def test_a_job_whose_writes_fail_mid_way_leaves_no_output(tmp_path, cluster, scheduler):
+    from distributed import Client
+    from faults import FailWrites
+
+    a, b, files = _files(tmp_path, 64, 40, 30)
+    out = tmp_path / "c-fails.npy"
+    doc = {
+        "workload": "matmul",
+        "params": {"input": files, "output": str(out), "operands": "streamed"},
+    }
+    with Client(scheduler) as client:
+        client.register_plugin(FailWrites("c-fails.npy"))
+        try:
+            res, data = submit_json(
+                write_job(tmp_path / "job.yaml", doc), tmp_path / "r.json", "--scheduler", scheduler
+            )
+        finally:
+            client.unregister_worker_plugin(FailWrites.name)
+    assert res.code != 0 and "no space left (a test's stand-in)" in res.output
+    assert not out.exists() and not list(tmp_path.glob(".c-fails.npy.*"))  # nothing under its name, no partial
 
 
 def test_a_corrupted_streamed_product_fails_its_check(tmp_path, monkeypatch):
@@ -156,3 +225,22 @@ def test_streamed_random_inputs_match_numpy(tmp_path, scheduler):
     b = kernels.random_block(np, seed=0, operand=1, rows=(0, k), cols=(0, n), total_cols=n, dtype="float64")
     np.testing.assert_allclose(np.load(out), a @ b, rtol=1e-12, atol=1e-12)
     assert data["verify"]["passed"] is True
+
+
+def test_a_random_tile_runs_in_row_pieces_on_a_gpu_only():
+    from mgpu.planner import Tile
+    from mgpu.worker.device import Device, DeviceFacts
+    from mgpu.workloads.matmul import Matmul, MatmulParams, overlap
+
+    assert overlap.pieces_of(4 * overlap.MIN_PIECE_ROWS) == [
+        (i * overlap.MIN_PIECE_ROWS, (i + 1) * overlap.MIN_PIECE_ROWS) for i in range(4)
+    ]
+    assert overlap.pieces_of(2 * overlap.MIN_PIECE_ROWS - 1) == [(0, 2 * overlap.MIN_PIECE_ROWS - 1)]
+    assert len(overlap.pieces_of(100 * overlap.MIN_PIECE_ROWS)) == overlap.PIECES
+    job = Matmul(MatmulParams(m=8192, n=64, k=64))
+    tile = Tile(0, {"m": (0, 8192), "n": (0, 64)}, args={"tk": 64})
+    cpu = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h"))
+    gpu = Device("cuda", None, DeviceFacts("cuda", 0, "gpu", 1 << 30, 1 << 30, "h"))
+    assert not overlap.applies(job, cpu, tile) and overlap.applies(job, gpu, tile)
+    split_k = Tile(0, {"m": (0, 8192), "n": (0, 64)}, args={"tk": 32})
+    assert not overlap.applies(job, gpu, split_k)  # k in blocks: the tile reads them one by one

@@ -614,7 +614,7 @@ def _stand_in_kvikio_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, 
     return writes
 
 
-@pytest.mark.parametrize("method", ["kvikio", "mmap"])
+@pytest.mark.parametrize("method", ["kvikio", "mmap", "pwrite"])
 def test_whole_rows_of_an_output_go_by_kvikio_and_column_blocks_through_the_map(monkeypatch, tmp_path, method):
     from mgpu.worker.sources import NpySink
 
@@ -635,6 +635,26 @@ def test_whole_rows_of_an_output_go_by_kvikio_and_column_blocks_through_the_map(
     else:
         assert writes == []
     assert dev.bytes_d2h == want.nbytes + 30 * 4 * 8
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_device_array_written_into_a_file_lands_chunk_by_chunk_at_its_offset(monkeypatch, tmp_path, threads):
+    import os
+
+    dev, stream = _stand_in_gpu(monkeypatch, threads)
+    src = np.arange(50 * 12, dtype=np.float64).reshape(50, 12).view(_DeviceArray)
+    path = tmp_path / "out.bin"
+    path.write_bytes(b"\xff" * (100 + src.nbytes + 10))
+    fd = os.open(path, os.O_WRONLY)
+    try:  # chunks of 1000 bytes: 4 whole ones and a short last one
+        assert transfer.Stager(dev, chunk_bytes=1000).write(fd, 100, src, stream) == src.nbytes
+    finally:
+        os.close(fd)
+    raw = path.read_bytes()
+    assert raw[:100] == b"\xff" * 100
+    assert np.array_equal(np.frombuffer(raw[100:-10], np.float64).reshape(50, 12), src)
+    assert raw[-10:] == b"\xff" * 10
+    assert dev.bytes_d2h == src.nbytes and dev.copy_seconds()["d2h"] == pytest.approx(0.005)
 
 
 def test_an_output_written_by_kvikio_after_the_job_was_given_up_is_not_made_again(monkeypatch, tmp_path):
@@ -825,3 +845,16 @@ def test_kvikio_is_set_from_the_io_settings_only_when_its_own_differ(monkeypatch
     with dask.config.set({"mgpu.io.threads": 4}):
         io._kvikio()
     assert calls[1:] == [{"num_threads": 4, "task_size": 8 << 20}]
+
+
+def test_a_thin_block_is_spread_over_every_host_thread(monkeypatch):
+    dev, stream = _stand_in_gpu(monkeypatch, 3)
+    counted: list[int] = []
+    monkeypatch.setattr(dev, "count_copy", lambda kind, nbytes, *events: counted.append(nbytes))
+    src = np.arange(2048 * 4096, dtype=np.float32).reshape(2048, 4096)[:, :1024]  # 8 MiB, strided rows
+    for spread, chunks in ((False, 1), (True, 4)):  # 16 MiB chunks; or 8 MiB / 3 threads, whole rows
+        counted.clear()
+        dst = np.zeros((2048, 1024), np.float32).view(_DeviceArray)
+        transfer.load(dev, src, dst, spread=spread)
+        _run_copies(stream)
+        assert np.array_equal(np.asarray(dst), src) and len(counted) == chunks and sum(counted) == src.nbytes

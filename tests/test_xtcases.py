@@ -48,3 +48,33 @@ def test_mgpu_is_set_against_every_configuration():
     assert median["pinned"] == {"seconds": 1.5, "speedup": 0.75}  # of 0.75, 1.5 and 0.375
     assert median["same-work"]["speedup"] == 4.0
     assert [c.name for c in xtcases.CASES if c.host_memory == "pinned"][0] == "pinned"
+
+
+def test_the_outofcore_summary_takes_each_part_of_the_slowest_tiles_timeline():
+    from mgpu.bench.outofcore import median_timeline
+
+    def run(*spans):
+        return {
+            "timeline": [
+                {
+                    "span_s": s,
+                    "first_load_s": s / 10,
+                    "products_s": s / 2,
+                    "idle_s": 0.0,
+                    "write_tail_s": s / 5,
+                    "writes_s": 1.0,
+                }
+                for s in spans
+            ]
+        }
+
+    got = median_timeline([run(1.0, 2.0), run(3.0), run(0.5, 4.0), {"timeline": []}, {}])
+    assert got == {
+        "span_s": 3.0,
+        "first_load_s": 0.3,
+        "products_s": 1.5,
+        "idle_s": 0.0,
+        "write_tail_s": 0.6,
+        "writes_s": 1.0,
+    }
+    assert median_timeline([{}]) is None

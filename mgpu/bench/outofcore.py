@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -174,11 +175,25 @@ def run(opts: Options) -> tuple[dict[str, Any], dict[str, Any]]:
     }
     resolved = {"backend": backend, "sizes": sizes, "device_counts": counts, "matmul": s["matmul"]}
     summary = summarize(runs)
-    for row in summary:  # each matmul's median against every cuBLASXt configuration
-        speedups = [e["vs"] for e in runs if (e["name"], e["devices"]) == (row["name"], row["devices"]) and e.get("vs")]
+    for row in summary:  # each matmul's median against every cuBLASXt configuration, and its timeline
+        mine = [e for e in runs if (e["name"], e["devices"]) == (row["name"], row["devices"])]
+        speedups = [e["vs"] for e in mine if e.get("vs")]
         if speedups:
             row["vs_cublasxt"] = median_speedups(speedups)
+        timeline = median_timeline([e["result"] for e in mine if e.get("result")])
+        if timeline:
+            row["timeline"] = timeline
     return resolved, {"runs": runs, "alternatives": alternatives, "summary": summary}
+
+
+def median_timeline(results: list[dict[str, Any]]) -> dict[str, float] | None:
+    """The median over runs of each part of the slowest tile's timeline (see
+    :class:`mgpu.results.Timeline`), or None where no run has one."""
+    slowest = [max(r["timeline"], key=lambda t: t["span_s"]) for r in results if r.get("timeline")]
+    if not slowest:
+        return None
+    parts = ("span_s", "first_load_s", "products_s", "idle_s", "write_tail_s", "writes_s")
+    return {k: statistics.median(t[k] for t in slowest) for k in parts if all(t.get(k) is not None for t in slowest)}
 
 
 def _set_against(runs: list[dict[str, Any]], side: int, devices: int, alt: dict[str, Any]) -> None:

@@ -321,13 +321,20 @@ class NpySink:
     def write(self, index: tuple[slice, ...], block: Any, dev: Device | None = None) -> None:
         """Write ``block`` (on ``dev``, or a host array) at ``index`` of the file.
 
-        Through the shared memory map, the page cache holds the bytes for every process at
-        once; nothing is synced to disk here (the rename on success publishes the file).
+        Whole rows are one range of the file: with ``mgpu.io.write: pwrite`` they are
+        handed to the kernel, from a GPU through pinned buffers (see
+        :meth:`~mgpu.worker.transfer.Stager.write`); other blocks, and every block by
+        default (``mmap``), are copied into a memory map of the file. Either way the page cache holds
+        the bytes for every process at once; nothing is synced to disk here (the rename on
+        success publishes the file).
         """
         r0, r1, _ = index[0].indices(self.shape[0])
         if r1 <= r0:
             return
         row_bytes = math.prod(self.shape[1:]) * np.dtype(self.dtype).itemsize
+        if _whole_rows(index, self.shape) and io.write_method() == "pwrite":
+            self._pwrite(self.offset + r0 * row_bytes, block, dev)
+            return
         if dev is not None and dev.is_gpu and _whole_rows(index, self.shape) and io.write_method() == "kvikio":
             # Whole rows are one range of the file: KvikIO's threads write its pieces at once.
             if not block.flags.c_contiguous:
@@ -360,6 +367,23 @@ class NpySink:
         else:
             transfer.store(dev, mm[rest], block)
         del mm
+
+    def _pwrite(self, offset: int, block: Any, dev: Device | None) -> None:
+        """``block`` into the file from byte ``offset`` by ``os.pwrite``."""
+        try:
+            fd = os.open(self.partial, os.O_WRONLY)
+        except FileNotFoundError:
+            return  # given up while this tile ran (see write)
+        try:
+            if dev is not None and dev.is_gpu:
+                if not block.flags.c_contiguous:
+                    with dev.on_stream():
+                        block = dev.xp.ascontiguousarray(block)
+                transfer.Stager(dev).write(fd, offset, block)
+            else:
+                transfer.pwrite_all(fd, np.ascontiguousarray(block, dtype=self.dtype), offset)
+        finally:
+            os.close(fd)
 
     def allocate(self, rows: tuple[int, int]) -> None:
         """Give rows ``rows`` of the file their pages now, where the file system can

@@ -13,8 +13,9 @@ same threads copying on their own move 35-55.
 
 Whole rows of an ``.npy`` file go to a GPU through KvikIO instead (:mod:`mgpu.worker.io`);
 what comes here from a file is a column block, copied from a memory map of it (36 GB/s
-into an H200, where KvikIO reading it row by row moved 1.9), and the output tiles that
-go back into an ``.npy``'s memory map.
+into an H200, where KvikIO reading it row by row moved 1.9), and the outputs: whole rows
+handed to the kernel from the pinned buffers (:meth:`Stager.write`, ``pwrite``, by the
+store threads, :func:`writer_threads`), other blocks copied into an ``.npy``'s memory map.
 
 Work enqueued on the task's stream after :meth:`Stager.load` returns sees the data. On
 CPU workers there is nothing to stage: the copies are plain NumPy.
@@ -22,6 +23,7 @@ CPU workers there is nothing to stage: the copies are plain NumPy.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Callable
@@ -32,7 +34,7 @@ import numpy as np
 
 from .. import config
 
-__all__ = ["HostStaging", "Stager", "chunk_size", "load", "store"]
+__all__ = ["HostStaging", "Stager", "chunk_size", "load", "pwrite_all", "store", "writer_threads"]
 
 BUFFERS = 2  # per host thread: one being filled while the other's DMA runs
 _PARALLEL_BYTES = 4 << 20  # below this a chunk is copied by the task's own thread
@@ -48,6 +50,24 @@ def host_threads() -> int:
     """
     n = config.load().transfer.host_threads
     return min(16, max(2, len(os.sched_getaffinity(0)) // 2)) if n == "auto" else n
+
+
+def writer_threads() -> int:
+    """Threads per worker that write outputs (``mgpu.io.writers``; ``auto``, the default:
+    :func:`host_threads` with ``mgpu.io.write: mmap``, 2 with ``pwrite``).
+
+    Copies into a memory map of the file fault each 4 KiB page in, and take threads: on a
+    2-core host (``benchmarks/page_cache_write.py``, 16 MiB chunks into /dev/shm) one
+    thread wrote 1.9-2.4 GB/s, two 2.6-4.6; an H200 host's worker wrote 4.3-5.7 GB/s with
+    4-16. A file system takes one ``pwrite`` to a file at a time (tmpfs, ext4 and XFS lock
+    the file for it), so a second writer only overlaps its chunk's DMA with the first's
+    write: on the 2-core host one thread wrote 6.1-6.7 GB/s, two 6.8-7.4, four 2.1-4.5;
+    on the H200 host, into a new file, 1.9-2.0 whatever the threads.
+    """
+    settings = config.load().io
+    if settings.writers != "auto":
+        return settings.writers
+    return 2 if settings.write == "pwrite" else host_threads()
 
 
 def chunk_size() -> int:
@@ -145,12 +165,19 @@ class HostStaging:
             self._threads = host_threads()
         return self._threads
 
+    def threads_for(self, kind: str) -> int:
+        """Threads of one direction: the host copy threads, and for ``"d2h"`` (stores)
+        :func:`writer_threads` unless the staging was made with a count."""
+        if kind == "d2h" and self._threads is None:
+            return writer_threads()
+        return self.threads
+
     def pool_for(self, kind: str) -> ThreadPoolExecutor:
         """The host threads of copies of one direction, ``"h2d"`` or ``"d2h"`` (started on first use)."""
         with self._lock:
             if kind not in self._pools:
                 name = "mgpu-host-store" if kind == "d2h" else "mgpu-host-copy"
-                self._pools[kind] = ThreadPoolExecutor(self.threads, thread_name_prefix=name)
+                self._pools[kind] = ThreadPoolExecutor(self.threads_for(kind), thread_name_prefix=name)
             return self._pools[kind]
 
     @property
@@ -182,7 +209,7 @@ class HostStaging:
         no thread takes two tasks and none is left without. A barrier not met in ``timeout``
         seconds (a thread busy with another task) leaves the rest to their first chunk.
         """
-        n = self.threads
+        n = self.threads_for(kind)
         nbytes = nbytes or chunk_size()
         barrier = threading.Barrier(n, timeout=timeout)
 
@@ -268,6 +295,45 @@ class Stager:
 
         return self._each_chunk("d2h", dst, src, stream, move)
 
+    def write(self, fd: int, offset: int, src: Any, stream: Any = None) -> int:
+        """Write device ``src`` (C-contiguous) into the open file ``fd`` from byte ``offset``.
+
+        Each host thread copies its chunk into one of its pinned buffers (a DMA) and hands
+        the buffer to the kernel (``os.pwrite``): no page of the file is mapped into the
+        worker, where a copy into a memory map faults each 4 KiB page in. Waits until every
+        byte is written. Returns the bytes written.
+
+        Raises
+        ------
+        OSError
+            If the file system takes fewer bytes than given (it filled, say).
+        """
+        import cupy
+
+        stream = stream or self.dev.stream
+        if not src.flags.c_contiguous:
+            raise ValueError(f"write: a C-contiguous device array is needed, got one of shape {src.shape}")
+        total, ptr = src.nbytes, src.data.ptr
+        device = cupy.cuda.runtime.getDevice()
+
+        def one(lo: int) -> tuple[int, Any, Any]:
+            nbytes = min(self.chunk_bytes, total - lo)
+            buffers = self.dev.staging.buffers(self.chunk_bytes)
+            i, buf = buffers.take((1, nbytes), np.dtype(np.uint8))
+            with cupy.cuda.Device(device):
+                begin, end = _dma("d2h", buf.ctypes.data, ptr + lo, nbytes, stream)
+            end.synchronize()
+            pwrite_all(fd, buf.reshape(-1), offset + lo)
+            buffers.release(i, None)
+            return nbytes, begin, end
+
+        pool = self.dev.staging.pool_for("d2h")
+        chunks = [pool.submit(one, lo) for lo in range(0, total, self.chunk_bytes)]
+        wait(chunks)  # every chunk ends before an error is raised (none may still use fd)
+        for chunk in chunks:
+            self.dev.count_copy("d2h", *chunk.result())
+        return total
+
     def _each_chunk(
         self,
         kind: str,
@@ -312,6 +378,23 @@ class Stager:
         return on_device.nbytes
 
 
+def pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
+    """Write the bytes of the C-contiguous ``data`` into ``fd`` from byte ``offset``.
+
+    Raises
+    ------
+    OSError
+        If the file system takes no more bytes (it filled, say).
+    """
+    view = data.reshape(-1).view(np.uint8).data
+    done = 0
+    while done < len(view):
+        got = os.pwrite(fd, view[done:], offset + done)
+        if got <= 0:
+            raise OSError(errno.ENOSPC, f"wrote {done} of {len(view)} bytes from byte {offset}")
+        done += got
+
+
 def _dma(kind: str, dst: int, src: int, nbytes: int, stream: Any) -> tuple[Any, Any]:
     """Enqueue one copy on ``stream`` between events that time it; returns the events."""
     import cupy
@@ -324,8 +407,13 @@ def _dma(kind: str, dst: int, src: int, nbytes: int, stream: Any) -> tuple[Any, 
     return begin, end
 
 
-def load(dev: Any, src: np.ndarray, out: Any = None) -> Any:
-    """``src`` (host, any strides) on ``dev``: into ``out`` if given, else a new array."""
+def load(dev: Any, src: np.ndarray, out: Any = None, *, spread: bool = False) -> Any:
+    """``src`` (host, any strides) on ``dev``: into ``out`` if given, else a new array.
+
+    With ``spread`` a block smaller than a chunk per host thread goes in smaller chunks
+    (down to 1 MiB), one or more per thread: a thin column block of a file's map costs a
+    page fault per row whatever its width, and each thread takes its share of them.
+    """
     if not dev.is_gpu:
         if out is None:
             return np.ascontiguousarray(src)
@@ -334,7 +422,10 @@ def load(dev: Any, src: np.ndarray, out: Any = None) -> Any:
     if out is None:
         with dev.on_stream():
             out = dev.xp.empty(src.shape, src.dtype)
-    Stager(dev).load(out, src)
+    chunk = chunk_size()
+    if spread:
+        chunk = max(1 << 20, min(chunk, src.nbytes // dev.staging.threads))
+    Stager(dev, chunk).load(out, src)
     return out
 
 

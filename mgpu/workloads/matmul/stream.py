@@ -4,14 +4,18 @@ Each device owns a contiguous range of C's rows and keeps as many of them as its
 holds (all of them where they fit: then every byte of A, B and C crosses PCIe once). The
 product runs in steps ``C[rows] += A[rows, kblock] @ B[kblock, :]``: a loader thread reads
 the next step's block of A and block of B while the current step's product runs (two
-buffers of A, at least two of B), and a writer thread writes each finished band of C into
-the output file while the products of the other bands go on.
+buffers of A, at least two of B), and writer threads write each finished band of C into
+the output file while the products of the other bands go on. The first block is read in
+small pieces, so the first product starts after a few milliseconds of reading.
 
 C is finished in bands: over the last few k-blocks of a panel (kept on the device, so they
 are read once) the steps go band by band, so the first band is done, and written, while
-the later bands still multiply; only the last band's write is not hidden. Between panels
-(where C does not fit) the k-blocks run in the other direction, so the blocks the last
-panel ended with are still on the device for the next one.
+the later bands still multiply; only the last band's write is not hidden. The bands'
+phase is as long as the budget allows (it can hold only so much of B beside C), the first
+band small so the writes start early and the last one small so its write is short.
+Between panels (where C does not fit) the k-blocks run in the other direction, so the
+blocks the last panel ended with are still on the device for the next one. Each tile's
+record says where its time went (:mod:`mgpu.workloads.matmul.writers`).
 
 B's rows (``B[kblock, :]``) are contiguous in a C-ordered ``.npy``, so they come through
 KvikIO; A's blocks ``A[rows, kblock]`` are a range per row, copied from a memory map through
@@ -23,8 +27,8 @@ for every device.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -42,6 +46,7 @@ from ...worker.sources import NpySource
 from ...worker.tile import TileContext
 from ..checks import freivalds_vector
 from .workload import Matmul, _Product, _Streamed, _tf32
+from .writers import Writers, timeline
 
 __all__ = [
     "Schedule",
@@ -61,6 +66,11 @@ BLOCK_ROWS = 2048  # rows of B a step (columns of A): the product stays efficien
 FINAL_BLOCKS = 4  # k-blocks kept on the device at a panel's end, so its bands finish one by one
 BANDS = 8  # bands of C finished (and written) one after another at a panel's end
 MIN_BAND_ROWS = 256
+# The first block of the first panel is read in pieces of this many rows of B, doubling:
+# the first product waits for 256 rows of B and 256 columns of A (64 MiB at 32768³
+# float32), not a whole block (512 MiB).
+FIRST_ROWS = 256
+WRITERS = 2  # pieces of C written at once: the next one starts while the last one's chunks drain
 _WARMUP_C_BYTES = 1 << 30
 
 
@@ -91,6 +101,8 @@ class Schedule:
     final_blocks: int
     bands: int
     b_slots: int
+    first_rows: int = 0  # the first panel's first block in pieces from this many rows (0: whole)
+    smallest_band: int = 0  # the first and last bands in halves down to this many rows (0: equal bands)
 
     def steps(self, rows: int, k: int) -> list[Step]:
         return steps(rows, k, self)
@@ -100,20 +112,27 @@ def steps(rows: int, k: int, s: Schedule) -> list[Step]:
     """The steps of a device that owns ``rows`` rows of C, in the order they run.
 
     Panels of ``s.panel_rows`` rows, one after another; in each, every k-block once for the
-    whole panel, except the last ``s.final_blocks``, which run band by band. A block needed
-    again stays in its B buffer where it can: the block replaced is the one needed again
-    latest (Belady's rule: the order is known), never the one the step before multiplies
-    (its product may still run while the next block is read).
+    whole panel, except the last ``s.final_blocks``, which run band by band (see
+    :func:`band_bounds`: the first and last bands small, so the first write starts early
+    and the last one is short). The first panel's first block comes in pieces growing
+    from ``s.first_rows`` rows (see :func:`first_pieces`): the first product waits for a
+    small read only. A block needed again stays in its B buffer where it can: the block
+    replaced is the one needed again latest (Belady's rule: the order is known), never
+    the one the step before multiplies (its product may still run while the next block
+    is read).
     """
     blocks = split_by_size(k, s.block_rows)
     order: list[tuple[tuple[int, int], tuple[int, int], bool, bool]] = []  # rows, block, first, done
     for p, (p0, p1) in enumerate(split_by_size(rows, s.panel_rows)):
         seq = blocks if p % 2 == 0 else blocks[::-1]
         final = min(s.final_blocks, len(seq) - 1)
-        for i, blk in enumerate(seq[: len(seq) - final]):
-            order.append(((p0, p1), blk, i == 0, final == 0 and i == len(seq) - 1))
+        head = seq[: len(seq) - final]
+        if p == 0 and s.first_rows:
+            head = first_pieces(head[0], s.first_rows) + head[1:]
+        for i, blk in enumerate(head):
+            order.append(((p0, p1), blk, i == 0, final == 0 and i == len(head) - 1))
         if final:
-            for b0, b1 in split(p1 - p0, min(s.bands, p1 - p0)):
+            for b0, b1 in band_bounds(p1 - p0, s.bands, s.smallest_band):
                 for blk in seq[len(seq) - final :]:
                     order.append(((p0 + b0, p0 + b1), blk, False, blk == seq[-1]))
     resident: dict[int, tuple[int, int]] = {}  # B buffer -> the block in it
@@ -134,6 +153,46 @@ def steps(rows: int, k: int, s: Schedule) -> list[Step]:
     return out
 
 
+def first_pieces(block: tuple[int, int], first: int) -> list[tuple[int, int]]:
+    """``block`` cut into pieces of ``first`` rows, ``first``, ``2 first``, ``4 first``, ...
+    (the last one what is left): each piece is read while the one before multiplies."""
+    k0, k1 = block
+    out, size = [], first
+    while k0 < k1:
+        out.append((k0, min(k1, k0 + size)))
+        k0 = out[-1][1]
+        size = first if len(out) == 1 else 2 * size
+    return out
+
+
+def band_bounds(rows: int, bands: int, smallest: int) -> list[tuple[int, int]]:
+    """``rows`` cut into ``bands`` near-equal bands, the first and the last of them in
+    halves down to ``smallest`` rows (none with ``smallest`` 0): the first band's rows are
+    done, and written, after a small share of the bands' products; the write of the last
+    one, which no product hides, is of a small band.
+
+    With 32768 rows, 8 bands and 256: 256, 256, 512, 1024, 2048, six bands of 4096, and
+    2048, 1024, 512, 256, 256.
+    """
+    sizes = [hi - lo for lo, hi in split(rows, min(bands, rows))]
+    if smallest and len(sizes) >= 2:
+        sizes = _halves(sizes[0], smallest)[::-1] + sizes[1:-1] + _halves(sizes[-1], smallest)
+    out, at = [], 0
+    for size in sizes:
+        out.append((at, at + size))
+        at += size
+    return out
+
+
+def _halves(size: int, smallest: int) -> list[int]:
+    """``size`` as ``size/2, size/4, ...`` down to at least ``smallest``, the rest last."""
+    out = []
+    while size >= 2 * smallest:
+        out.append(size - size // 2)
+        size -= out[-1]
+    return [*out, size] if size else out
+
+
 def _next_use(blk: tuple[int, int], order: list[Any], t: int) -> int:
     return next((u for u in range(t, len(order)) if order[u][1] == blk), len(order))
 
@@ -151,21 +210,29 @@ def choose(rows: int, n: int, k: int, itemsize: int, budget: int, verify: bool) 
 
     Where C fits, as many final blocks as the budget holds (up to half of k): each band's
     C is written while the later bands multiply, and the longer that phase, the more of
-    the writes it hides.
+    the writes it hides. Its length is the rows of B the budget keeps beside C, so blocks
+    of half the rows are taken where they keep more (two A buffers of half the size
+    leave room for more of B): at 32768³ float32 under 6 GiB, 14 blocks of 1024 rows
+    (44% of the products) against 5 of 2048 (31%).
 
     Raises
     ------
     JobInputError
         If not even a panel of one row fits.
     """
-    kb = min(BLOCK_ROWS, k)
-    blocks = math.ceil(k / kb)
     bands = max(1, min(BANDS, rows // MIN_BAND_ROWS))
-    for fb in range(min(blocks - 1, max(FINAL_BLOCKS, blocks // 2)), -1, -1):
-        s = Schedule(rows, kb, fb, bands, max(2, fb))
-        if working_set(s, rows, n, itemsize, verify) <= budget:
-            return s
-    final = min(FINAL_BLOCKS, blocks - 1)
+    fitting: list[Schedule] = []
+    for kb in dict.fromkeys((min(BLOCK_ROWS, k), min(BLOCK_ROWS // 2, k))):
+        blocks = math.ceil(k / kb)
+        for fb in range(min(blocks - 1, max(FINAL_BLOCKS, blocks // 2)), -1, -1):
+            s = Schedule(rows, kb, fb, bands, max(2, fb), min(FIRST_ROWS, kb), MIN_BAND_ROWS)
+            if working_set(s, rows, n, itemsize, verify) <= budget:
+                fitting.append(s)
+                break
+    if fitting:  # the longest final phase; of equals, the larger blocks
+        return max(fitting, key=lambda s: (min(k - 1, s.final_blocks * s.block_rows), s.block_rows))
+    kb = min(BLOCK_ROWS, k)
+    final = min(FINAL_BLOCKS, math.ceil(k / kb) - 1)
     # C does not fit: panels as tall as the budget allows, with the final blocks kept.
     slots = max(2, final)
     fixed = itemsize * slots * kb * n + (8 * (2 * rows + n + 2 * kb) if verify else 0)
@@ -178,7 +245,8 @@ def choose(rows: int, n: int, k: int, itemsize: int, budget: int, verify: bool) 
             "use a larger budget or more devices"
         )
     h = int(min(h, rows))
-    return Schedule(h, kb, final, max(1, min(BANDS, h // MIN_BAND_ROWS)), slots)
+    # The first block whole: read in pieces, it would be read again whole by the second panel.
+    return Schedule(h, kb, final, max(1, min(BANDS, h // MIN_BAND_ROWS)), slots, 0, MIN_BAND_ROWS)
 
 
 def plan(workload: Any, devices: dict[str, Any], budget: int, tiling: dict[str, int], *, spill: bool) -> Plan:
@@ -262,13 +330,17 @@ def run(workload: Any, ctx: Any, tile: Tile) -> dict[str, Any]:
     """Run the tile's rows of C by the schedule.
 
     On a GPU a loader thread reads each step's blocks ahead (into a buffer only once the
-    step that used it last has multiplied: an event) and a writer thread writes each
-    finished band of C (once its products are done: an event); the task's thread enqueues
-    the products in order. On a CPU the same steps run one after another.
+    step that used it last has multiplied: an event); the task's thread enqueues the
+    products in order. On a CPU the loads and products run one after another. On both,
+    ``WRITERS`` writer threads write each finished band of C as soon as its products are
+    done (an event on a GPU), while the later bands multiply.
     The products are timed on ``ctx`` (:class:`~mgpu.worker.tile.TileContext`), the bytes the
-    helper threads moved are counted for this task. Returns C·r and A·(B·r) (float64,
-    None without a check) for Freivalds' check.
+    helper threads moved are counted for this task, and the tile's timeline
+    (:func:`~mgpu.workloads.matmul.writers.timeline`) goes in its record's
+    ``extra["timeline"]``. Returns C·r and A·(B·r) (float64, None without a check) for
+    Freivalds' check.
     """
+    started = time.perf_counter()
     p = workload.params
     s = schedule_of(tile)
     dev = ctx.dev
@@ -308,7 +380,8 @@ def run(workload: Any, ctx: Any, tile: Tile) -> dict[str, Any]:
         k0, k1 = plan_steps[t].block
         return b_bufs[plan_steps[t].b_slot][: k1 - k0]
 
-    moved = {"h2d": 0, "d2h": 0, "h2d_s": 0.0, "d2h_s": 0.0}
+    moved = {"h2d": 0, "d2h": 0, "h2d_s": 0.0}
+    counting = threading.Lock()
     failed: list[BaseException] = []
     used: list[Any] = [None] * len(plan_steps)  # event after step t's products
     used_set, ready = _Flags(len(plan_steps), failed), _Flags(len(plan_steps), failed)
@@ -328,7 +401,7 @@ def run(workload: Any, ctx: Any, tile: Tile) -> dict[str, Any]:
             after(t - 2)  # this A buffer's last step
         if a_rows is not None:
             src_a.info.check()  # as read_into does: the file must still be the one checked
-            transfer.load(dev, a_rows[a0:a1, k0:k1], a_view(t))
+            transfer.load(dev, a_rows[a0:a1, k0:k1], a_view(t), spread=True)
         else:
             src_a.read_into(dev, a_view(t), (r0 + a0, r0 + a1), (k0, k1))
         moved["h2d"] += (a1 - a0) * (k1 - k0) * itemsize
@@ -341,13 +414,10 @@ def run(workload: Any, ctx: Any, tile: Tile) -> dict[str, Any]:
         moved["h2d_s"] += time.perf_counter() - start
         b_last[st.b_slot] = t
 
-    def write(rws: tuple[int, int], base: int) -> None:
-        start = time.perf_counter()
+    def write(rws: tuple[int, int], base: int) -> None:  # on the writer threads
         sink.write((slice(r0 + rws[0], r0 + rws[1]), slice(0, n)), c[rws[0] - base : rws[1] - base], dev)
-        moved["d2h"] += (rws[1] - rws[0]) * n * itemsize
-        moved["d2h_s"] += time.perf_counter() - start
-
-    writes: queue.Queue[Any] = queue.Queue()
+        with counting:
+            moved["d2h"] += (rws[1] - rws[0]) * n * itemsize
 
     def loader() -> None:
         try:
@@ -357,28 +427,21 @@ def run(workload: Any, ctx: Any, tile: Tile) -> dict[str, Any]:
         except BaseException as e:  # raised again by the task's thread
             failed.append(e)
 
-    def writer() -> None:
-        while (job := writes.get()) is not None:
-            kind, payload = job
-            try:
-                if kind == "mark":  # everything queued before it is written
-                    payload.set()
-                elif kind == "allocate":
-                    sink.allocate(payload)
-                elif not failed:
-                    rws, base, t = payload
-                    used[t].synchronize()
-                    write(rws, base)
-            except BaseException as e:
-                failed.append(e)
+    def write_band(rws: tuple[int, int], base: int, t: int) -> None:
+        if gpu:
+            used[t].synchronize()  # the band's last product has run
+        write(rws, base)
 
-    helpers = [threading.Thread(target=f, daemon=True, name=f"mgpu-stream-{f.__name__}") for f in (loader, writer)]
-    if gpu:
-        if sink is not None:  # the output's pages, made while the first steps multiply
-            writes.put(("allocate", (r0, r1)))
-        for th in helpers:
-            th.start()
+    loading = threading.Thread(target=loader, daemon=True, name="mgpu-stream-loader") if gpu else None
+    writers = Writers(WRITERS, failed) if sink is not None else None
+    if writers is not None:
+        writers.put(lambda: sink.allocate((r0, r1)))  # the output's pages, made while the first steps multiply
+        writers.start()
+    if loading is not None:
+        loading.start()
     base = -1
+    first = products_end = 0.0
+    products: list[Any] = []
     try:
         with dev.on_stream():
             for t, st in enumerate(plan_steps):
@@ -388,16 +451,15 @@ def run(workload: Any, ctx: Any, tile: Tile) -> dict[str, Any]:
                     load(t)
                 (a0, a1), (k0, k1) = st.rows, st.block
                 if st.first:  # a new panel: it reuses C, so the last panel's writes must be done
-                    if base >= 0 and gpu and sink is not None:
-                        drained = threading.Event()
-                        writes.put(("mark", drained))
-                        while not drained.wait(0.2):
-                            if failed:
-                                raise failed[0]
+                    if base >= 0 and writers is not None:
+                        writers.drain()
                     base = a0
+                if t == 0:
+                    first = time.perf_counter()
                 a, b, cv = a_view(t), b_view(t), c[a0 - base : a1 - base]
-                with ctx.timer():
+                with ctx.timer() as timing:
                     _gemm(xp, a, b, cv, first=st.first)
+                products.append(timing)
                 if ctx.verify:  # Freivalds: C r against A (B r), B r made once per block
                     if first_use[st.block] == t:
                         br[k0:k1] = matvec_f64(xp, b, r)
@@ -407,46 +469,60 @@ def run(workload: Any, ctx: Any, tile: Tile) -> dict[str, Any]:
                 if gpu:
                     used[t] = dev.stream.record()
                     used_set.set(t)
-                if st.done and sink is not None:
-                    if gpu:
-                        writes.put(("write", (st.rows, base, t)))
-                    else:
-                        write(st.rows, base)
-        if gpu:
-            writes.put(None)
-            for th in helpers:
-                th.join()
-            if failed:
-                raise failed[0]
+                if st.done and writers is not None:
+                    writers.put(functools.partial(write_band, st.rows, base, t))
+        if gpu and plan_steps:
+            used[-1].synchronize()
+        products_end = time.perf_counter()
+        if writers is not None:
+            writers.drain()
+            writers.close()
+        if loading is not None:
+            loading.join()
+        if failed:
+            raise failed[0]
         dev.synchronize()
     except BaseException:
         failed.append(RuntimeError("the task stopped"))  # ends the helpers' waits
-        writes.put(None)
-        for th in helpers:  # none may still fill or read the buffers once they are let go
-            if th.is_alive():
-                th.join(timeout=60)
+        # None may still fill or read the buffers once they are let go.
+        if writers is not None:
+            writers.close(timeout=60)
+        if loading is not None and loading.is_alive():
+            loading.join(timeout=60)
         raise
+    end = writers.last_end if writers is not None and writers.pieces else products_end
+    products_s = sum(t.seconds for t in products)
+    ctx.record.extra["timeline"] = timeline(
+        started, first or products_end, products_end, max(end, products_end), products_s, writers
+    )
     # What the helper threads moved, counted for this task.
     dev.count_read("h2d", moved["h2d"], moved["h2d_s"])
-    dev.count_read("d2h", moved["d2h"], moved["d2h_s"])
+    dev.count_read("d2h", moved["d2h"], writers.busy_s if writers is not None else 0.0)
     return {"cr": cr, "abr": abr} if ctx.verify else {"cr": None, "abr": None}
 
 
 def warm_up(workload: Any, dev: Any, tile: Tile) -> None:
-    """Run the schedule's products once at their shape (C's rows halved until C holds at
-    most ``_WARMUP_C_BYTES``), both kinds (starting and adding to sums): cuBLAS picks and
-    loads their kernels here, not in the first step."""
+    """Run the schedule's products once at each of their shapes (the panel's, the first
+    block's pieces', the bands'; C's rows halved until C holds at most
+    ``_WARMUP_C_BYTES``), both kinds (starting and adding to sums): cuBLAS picks and loads
+    their kernels here, not in the steps."""
     p = workload.params
     s = schedule_of(tile)
-    m, n, kb = min(tile.size("m"), s.panel_rows), p.n, s.block_rows
-    itemsize = np.dtype(p.dtype).itemsize
-    while m > 1 and m * n * itemsize > _WARMUP_C_BYTES:
-        m //= 2
+    n, itemsize = p.n, np.dtype(p.dtype).itemsize
+    shapes = set()
+    for st in s.steps(tile.size("m"), p.k):
+        m = st.rows[1] - st.rows[0]
+        while m > 1 and m * n * itemsize > _WARMUP_C_BYTES:
+            m //= 2
+        shapes.add((m, st.block[1] - st.block[0]))
     xp = dev.xp
+    rows, width = max(m for m, _ in shapes), max(w for _, w in shapes)
     with dev.on_stream():
-        a, b, c = xp.ones((m, kb), p.dtype), xp.ones((kb, n), p.dtype), xp.empty((m, n), p.dtype)
-        _gemm(xp, a, b, c, first=True)
-        _gemm(xp, a, b, c, first=False)
+        a, b, c = xp.ones((rows, width), p.dtype), xp.ones((width, n), p.dtype), xp.empty((rows, n), p.dtype)
+        for m, w in sorted(shapes):
+            a_mw = a.reshape(-1)[: m * w].reshape(m, w)  # C-contiguous, as the steps' blocks
+            _gemm(xp, a_mw, b[:w], c[:m], first=True)
+            _gemm(xp, a_mw, b[:w], c[:m], first=False)
     dev.synchronize()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -23,6 +23,7 @@ from ...worker.sources import NpySink, check_output_path
 from ...worker.tile import TileContext, run_tile
 from ..base import Estimates, HostBytes, Outputs, Workload
 from ..checks import freivalds_vector, relative_residual, unit_roundoff
+from . import overlap
 from .planning import choose_matmul_tiles, cpu_working_set, matmul_working_set
 
 __all__ = ["DistributedMatmul", "Matmul", "MatmulParams", "PerTileMatmul"]
@@ -48,8 +49,14 @@ _WRITING_TILES = 3
 # product waits for a piece, not the whole panel (reading a 4.8 GB column panel of B from a
 # file took 0.36 s on an H200 host), and the tiles, so the last write, are smaller.
 _B_PARTS = 2
-# The side of the square GEMMs that measure the ceilings: well past launch overheads.
-_CEILING_SIDE = {"cuda": 8192, "cpu": 384}
+# The side of the square GEMMs that measure the ceilings: well past launch overheads, and
+# on a GPU large enough to run at the rate a job's large tiles do.
+_CEILING_SIDE = {"cuda": 16384, "cpu": 384}
+# Device seconds of back-to-back GEMMs before a ceiling's samples: the rate a GPU keeps up,
+# not its first milliseconds' (on an H200 a TF32 GEMM of 8192² ran at 407.6 TFLOP/s in
+# 3 ms, while a 32768³ tile's product ran at 357 for 0.2 s: the clocks drop under a
+# tensor-core GEMM's power; float64 52.7 against 57.6; float32, not on tensor cores, held).
+_CEILING_WARM_S = {"cuda": 0.3, "cpu": 0.0}
 
 
 def _pieces(bounds: tuple[int, int], n: int) -> list[tuple[int, int]]:
@@ -106,6 +113,19 @@ def _tf32(dev: Device, enabled: bool) -> Iterator[None]:
     finally:
         linalg.set_compute_type(np.float32, previous[0])
         cublas.setMathMode(handle, previous[1])
+
+
+def _keep_busy(dev: Device, fn: Callable[[], Any], seconds: float) -> None:
+    """Run ``fn`` back to back until it has kept the device busy ``seconds`` (its first
+    call times one; the rest go in batches enqueued at once, so the device never waits)."""
+    if seconds <= 0:
+        return
+    with dev.timer() as t:
+        fn()
+    calls = max(1, math.ceil(seconds / max(t.seconds, 1e-6)) - 1)
+    for _ in range(calls):
+        fn()
+    dev.synchronize()
 
 
 class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
@@ -242,12 +262,15 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
                 continue  # NumPy has no float16 BLAS; nothing to set a job against
             a = random_block(xp, seed=0, operand=0, rows=(0, n), cols=(0, n), total_cols=n, dtype=dtype)
             b = random_block(xp, seed=0, operand=1, rows=(0, n), cols=(0, n), total_cols=n, dtype=dtype)
+            c = xp.empty((n, n), dtype=dtype)
 
-            def product(a: Any = a, b: Any = b) -> Any:
-                return xp.matmul(a, b)
+            def product(a: Any = a, b: Any = b, c: Any = c) -> Any:
+                return xp.matmul(a, b, out=c)
 
             with _tf32(dev, tf32):
+                _keep_busy(dev, product, _CEILING_WARM_S[dev.backend])
                 seconds = median_seconds(dev, product)
+            del a, b, c
             out[key] = 2 * n**3 / seconds / 1e12
         return out
 
@@ -331,6 +354,14 @@ class PerTileMatmul(Matmul):
         )
 
     def run(self, ctx: TileContext, tile: Tile) -> _Product:
+        if overlap.applies(self, ctx.dev, tile):  # random operands made beside the products
+            p = self.params
+            with _tf32(ctx.dev, p.precision == "tf32"):
+                c, r, abr = overlap.run(self, ctx, tile)
+            ctx.mark("queued")
+            (r0, r1), (c0, c1) = tile.bounds["m"], tile.bounds["n"]
+            ctx.record.work = 2.0 * (r1 - r0) * (c1 - c0) * p.k
+            return _Product(c, r, abr=abr)
         return self._run_blocks(ctx, tile)
 
 
