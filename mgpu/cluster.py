@@ -29,7 +29,7 @@ from .signals import WORKER_PRELOAD, deferred
 from .sizes import format_bytes, resolve_size
 from .spec import ClusterSpec
 from .worker.device import DeviceFacts, address_space_room
-from .worker.plugins import AllocatorStats, RuntimeSetup, SettingsSetup, SpillToManaged
+from .worker.plugins import AllocatorStats, PoolMetrics, RuntimeSetup, SettingsSetup, SpillToManaged
 from .worker.tasks import device_facts
 
 __all__ = [
@@ -398,6 +398,8 @@ def open_cluster(
             client.register_plugin(SpillToManaged())
         # Last, so its statistics adaptor sits on top of whatever the plugins above installed.
         client.register_plugin(AllocatorStats())
+        if importlib.util.find_spec("prometheus_client") is not None:
+            client.register_plugin(PoolMetrics())  # reads the statistics adaptor above
         if rc.dashboard or rc.scheduler or given:
             # The task stream records only once its scheduler plugin exists, which opening a
             # dashboard page does; asking for it here keeps every task for a later look.

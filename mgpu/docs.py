@@ -40,11 +40,11 @@ NOTES: dict[str, str] = {
     "scale.grow": "matmul `m`, `n`, `k`; dot `n`; mandelbrot `width`, `height`",
     "matmul.m": "with input files, the files' shapes give the sizes, and a size given must agree",
     "matmul.precision": "`tf32`: float32 on TF32 tensor cores (GPU only)",
-    "matmul.input": "`random`, or `{a: a.npy, b: b.npy}`: 2-D `.npy` files of one float dtype",
-    "matmul.output": "`null` (checked, not kept), or a `.npy` path whose folder exists",
+    "matmul.input": "`random`, or `{a: a.npy, b: b.zarr}`: 2-D `.npy` files or Zarr stores of one float dtype",
+    "matmul.output": "`null` (checked, not kept), or a `.npy` or `.zarr` path whose folder exists",
     "matmul.operands": "`distributed`: A and B made once, one row and one column panel per device, B panels copied GPU to GPU",
-    "dot.input": "`random`, or `{x: x.npy, y: y.npy}`: 1-D `.npy` files of one shape and dtype",
-    "mandelbrot.output": "`null`, or `{png: path.png, npy: path.npy}`, either or both",
+    "dot.input": "`random`, or `{x: x.npy, y: y.zarr}`: 1-D `.npy` files or Zarr stores of one shape and dtype",
+    "mandelbrot.output": "`null`, or `{png: path.png, npy: path.npy}` or `{png: ..., zarr: path.zarr}`, any of them (npy or zarr, not both)",
 }
 
 

@@ -1,10 +1,10 @@
-"""One input model for every workload: each operand a seeded random array or an ``.npy`` file.
+"""One input model for every workload: each operand a seeded random array, an ``.npy`` file or a Zarr store.
 
 A workload's parameters subclass :class:`InputParams` and name their operands, each with
 the parameters that give its sizes (matmul: ``a`` is ``(m, k)``, ``b`` is ``(k, n)``).
 ``input: random`` makes every operand from the seed (the sizes and ``dtype`` are then
-parameters of the job); ``input: {a: a.npy, b: b.npy}`` reads them from files, whose
-headers are read once, on the client, when the job is validated: their shapes give the
+parameters of the job); ``input: {a: a.npy, b: b.zarr}`` reads them from files or Zarr
+stores (:mod:`mgpu.worker.stores`), whose headers (metadata) are read once, on the client, when the job is validated: their shapes give the
 sizes and must agree with each other and with any size the job gives, as must their
 dtypes. The workers read the files at the paths found then, and never read a header again.
 """
@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from .worker.sources import NpyInfo, NpySource, RandomSource, inspect_npy
+from .worker.stores import ZarrInfo, ZarrSource, inspect_zarr, is_zarr_path
 
 __all__ = ["InputParams", "Operand"]
 
@@ -44,7 +45,7 @@ class InputParams(BaseModel):
 
     seed: int = Field(0, ge=0)
     input: Literal["random"] | dict[str, str] = "random"
-    _files: dict[str, NpyInfo] = PrivateAttr(default_factory=dict)
+    _files: dict[str, NpyInfo | ZarrInfo] = PrivateAttr(default_factory=dict)
 
     @field_validator("input", mode="before")
     @classmethod
@@ -54,7 +55,7 @@ class InputParams(BaseModel):
         names = [op.name for op in cls.input_operands]
         listing = ", ".join(f"{n}: {n}.npy" for n in names)
         if not isinstance(value, dict):
-            raise ValueError(f"expected 'random' or the files {{{listing}}}")
+            raise ValueError(f"expected 'random' or the files {{{listing}}} (.npy files or .zarr stores)")
         unknown = sorted(set(value) - set(names))
         if unknown:
             raise ValueError(f"unknown key {unknown[0]!r}; allowed: {', '.join(names)}")
@@ -83,7 +84,7 @@ class InputParams(BaseModel):
                         raise ValueError(f"{axis}: required when input is random")
             self.dtype = getattr(self, "dtype", None) or self.default_dtype
             return self
-        files = {op.name: inspect_npy(self.input[op.name], key=f"input.{op.name}") for op in self.input_operands}
+        files = {op.name: _inspect(self.input[op.name], key=f"input.{op.name}") for op in self.input_operands}
         for op in self.input_operands:
             info = files[op.name]
             if len(info.shape) != len(op.axes):
@@ -124,7 +125,7 @@ class InputParams(BaseModel):
         op = next(o for o in self.input_operands if o.name == operand)
         return tuple(getattr(self, axis) for axis in op.axes)
 
-    def sources(self) -> tuple[RandomSource | NpySource, ...]:
+    def sources(self) -> tuple[RandomSource | NpySource | ZarrSource, ...]:
         """Each operand's source, in ``input_operands`` order: random from the seed, or its file."""
         if self.input == "random":
             return tuple(
@@ -132,6 +133,20 @@ class InputParams(BaseModel):
                 for i, op in enumerate(self.input_operands)
             )
         files = self._files or {
-            op.name: inspect_npy(self.input[op.name], key=f"input.{op.name}") for op in self.input_operands
+            op.name: _inspect(self.input[op.name], key=f"input.{op.name}") for op in self.input_operands
         }
-        return tuple(NpySource(files[op.name]) for op in self.input_operands)
+        return tuple(_source(files[op.name]) for op in self.input_operands)
+
+    def chunks_of(self, operand: str) -> tuple[int, ...] | None:
+        """The chunk shape of ``operand``'s store, where it is one (tiles then fall on its chunks)."""
+        info = self._files.get(operand) if self.input != "random" else None
+        return info.chunks if isinstance(info, ZarrInfo) else None
+
+
+def _inspect(path: str, *, key: str) -> NpyInfo | ZarrInfo:
+    """The header of an ``.npy`` file or the metadata of a Zarr store."""
+    return inspect_zarr(path, key=key) if is_zarr_path(path) else inspect_npy(path, key=key)
+
+
+def _source(info: NpyInfo | ZarrInfo) -> NpySource | ZarrSource:
+    return ZarrSource(info) if isinstance(info, ZarrInfo) else NpySource(info)

@@ -37,7 +37,8 @@ Optional capabilities, each a class to subclass beside :class:`Workload`
     ``start``, ``step``, ``finish_step``: tiles that keep their state on their worker and
     exchange data with their neighbours at every step (``Plan.steps``, ``Tile.neighbours``).
 :class:`Outputs`
-    ``prepare(force=...)``: outputs checked and their files (:class:`NpySink`, see
+    ``prepare(force=...)``: outputs checked and their files or stores (:func:`output_sink`
+    makes an :class:`NpySink` or a :class:`ZarrSink` by the path's suffix; see
     :func:`check_output_path`) made before any task; renamed into place only if every
     tile passed.
 
@@ -55,6 +56,7 @@ from .sizes import format_bytes
 from .worker.device import Device, DeviceFacts
 from .worker.kernels import is_cupy, random_block
 from .worker.sources import NpySink, check_output_path
+from .worker.stores import ZarrSink, output_sink
 from .worker.tile import TileContext
 from .workloads.base import Estimates, HostBytes, Outputs, Stepped, TileRecord, Workload
 
@@ -75,10 +77,12 @@ __all__ = [
     "TileContext",
     "TileRecord",
     "Workload",
+    "ZarrSink",
     "assign_contiguous",
     "check_output_path",
     "format_bytes",
     "is_cupy",
+    "output_sink",
     "random_block",
     "split",
     "split_by_size",

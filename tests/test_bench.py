@@ -98,8 +98,18 @@ def test_outofcore_reads_the_inputs_from_files_and_cleans_up(tmp_path):
     res = invoke("bench", "outofcore", "--backend", "cpu", "--devices", "2", "--scratch", scratch, "--out", out)
     assert res.code == 0, res.output
     record = check_record(out, "outofcore")
-    assert [e["name"] for e in record["runs"]] == ["outofcore-matmul-1024-distributed", "outofcore-dot"]
-    matmul, dot = (e["result"] for e in record["runs"])
+    names = [e["name"] for e in record["runs"]]
+    stored = [f"outofcore-matmul-1024-distributed-{layout}" for layout in ("zarr", "zarr-square", "zarr-zstd")]
+    assert names == ["outofcore-matmul-1024-distributed", *stored, "outofcore-dot"]
+    matmul, dot = record["runs"][0]["result"], record["runs"][-1]["result"]
+    # The same job from Zarr stores, C into a store, set against the .npy job.
+    for entry in record["runs"][1:4]:
+        r, vs = entry["result"], entry["vs_npy"]
+        assert r["status"] == "ok" and r["job"]["params"]["input"]["a"].endswith("a.zarr")
+        assert r["outputs"][0].endswith("c.zarr") and vs["npy_s"] == pytest.approx(job_seconds(matmul))
+        assert vs["rate_ratio"] == pytest.approx(vs["npy_s"] / job_seconds(r))
+    zstd = record["runs"][3]
+    assert zstd["store"]["zstd"] and zstd["vs_decode"]["decode_gbps"] == zstd["store"]["decode"]["gbps"] > 0
     assert matmul["job"]["params"]["operands"] == "distributed" and matmul["job"]["params"]["m"] == 1024
     assert matmul["job"]["params"]["input"]["a"].startswith(str(scratch))
     assert matmul["job"]["cluster"]["memory_limit"] == 24 << 20

@@ -14,6 +14,7 @@ mode on; pageable) timed around its GEMM call alone, A and B read into memory fi
 the GEMM, C written into an ``.npy``), timed in parts. mgpu's time set against each is the
 job's from the end of its warm-up to its result (every read, product and write); each
 matmul run's ``vs`` and its summary row's ``vs_cublasxt`` hold the ratios.
+The first side also runs from Zarr stores, C into a store (:mod:`mgpu.bench.stores`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 import dask.config
 import numpy as np
 
+from . import stores
 from .harness import BenchInputError, Options, job_seconds, resolve, run_child, run_jobs, say, skipped, summarize
 from .xtcases import median_speedups, set_against
 
@@ -157,6 +159,9 @@ def run(opts: Options) -> tuple[dict[str, Any], dict[str, Any]]:
                         args = {"a": str(p["a"]), "b": str(p["b"]), "devices": n, "scratch": str(folder)}
                         cublasxt[f"{side}/{n}"] = alt = run_child(opts, "cublasxt", label, args, 1800)
                         _set_against(runs, side, n, alt)
+                if side == s["matmul"][0][0]:  # the same job from Zarr stores, C into a store
+                    runs += stores.run(opts, backend, counts, folder, p, side, budget, matmul_job)
+                    stores.set_against_npy(runs, side)
                 for path in folder.iterdir():
                     path.unlink()
             say(f"writing x and y ({length:.3g} float32) into {folder}")

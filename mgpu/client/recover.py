@@ -19,7 +19,7 @@ from distributed import CancelledError
 from distributed import TimeoutError as DaskTimeoutError
 
 from .. import config
-from ..errors import JobFailed
+from ..errors import JobFailed, JobInputError
 from ..planner import Tile
 
 __all__ = ["TileTracker"]
@@ -128,6 +128,8 @@ class TileTracker:
         except CancelledError as e:
             raise JobFailed(f"{entry.future.key} was cancelled (was the scheduler lost?): {e}") from e
         except Exception as e:
+            if type(e).__name__ == "StoreUnreadable":  # a bad input, found only as it is read
+                raise JobInputError(f"{e}; nothing was kept") from e
             raise JobFailed(task_failure(entry.future.key, entry.worker, e)) from e
 
     def _workers(self) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any
 
 from distributed import Client
 
-from .. import config
+from .. import config, metrics
 from ..cluster import (
     ClusterInfo,
     budget_basis,
@@ -87,6 +87,7 @@ def run_jobs(
     with open_cluster(resolved, security, settings, client) as info:
         cluster_s = time.perf_counter() - t0
         events.cluster_ready(info)
+        reporting = metrics.attach(info.client)
         for i, p in enumerate(prepared):
             if i:
                 t0 = time.perf_counter()
@@ -95,7 +96,14 @@ def run_jobs(
                 if not info.devices:
                     raise JobFailed(f"no workers are left to run job {p.job.name!r}")
             events.job_started(i, p.job)
-            result = _run_prepared(info, p, events, t0, cluster_s if i == 0 else 0.0)
+            try:
+                result = _run_prepared(info, p, events, t0, cluster_s if i == 0 else 0.0)
+            except (JobFailed, JobInputError):
+                if reporting:
+                    metrics.report(info.client, {"workload": p.job.workload, "status": "failed"})
+                raise
+            if reporting:
+                metrics.report(info.client, metrics.figures(result))
             events.job_done(result)
             results.append(result)
             if result.status != "ok":

@@ -125,12 +125,32 @@ class RmmTracker:
         pool = self.pool.pool_size() if self.pool is not None else None
         return {"kind": self.kind, "pool_size": pool, "limit": self.limit, **figures}
 
+    def now(self) -> dict[str, Any]:
+        """What the resource holds now, whatever window is open: bytes in use, the most in
+        use at once over the worker's life, and the pool's size (None without a pool)."""
+        counts = self._read()
+        if self._pushed and self._before is not None:
+            # A job's counters count from its push: what was in use then comes on top.
+            before = self._before
+            in_use = before.current_bytes + counts.current_bytes
+            peak = max(before.peak_bytes, before.current_bytes + counts.peak_bytes)
+        else:
+            in_use, peak = counts.current_bytes, counts.peak_bytes
+        size = self.pool.pool_size() if self.pool is not None else None
+        return {"kind": self.kind, "in_use": in_use, "peak": peak, "size": size}
+
 
 class CupyPoolTracker:
     """``allocator: default``: CuPy's own pool, which counts nothing but its size."""
 
     def begin(self) -> None:
         pass
+
+    def now(self) -> dict[str, Any]:
+        import cupy
+
+        pool = cupy.get_default_memory_pool()
+        return {"kind": "default", "in_use": int(pool.used_bytes()), "peak": None, "size": int(pool.total_bytes())}
 
     def end(self) -> dict[str, Any]:
         import cupy

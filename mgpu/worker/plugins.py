@@ -5,7 +5,9 @@ worker's runtime.
 :class:`RuntimeSetup` makes each worker's :class:`~mgpu.worker.runtime.Runtime` and frees
 it at teardown; :class:`SpillToManaged` (``cluster.spill: managed``) puts the managed-memory
 fallback of :mod:`mgpu.memory.spill` under the worker's RMM resource; :class:`AllocatorStats`
-puts RMM's statistics adaptor on top (:mod:`mgpu.memory.stats`). :func:`runtime_of` finds
+puts RMM's statistics adaptor on top (:mod:`mgpu.memory.stats`); :class:`PoolMetrics`, where
+prometheus-client is installed, shows what that adaptor sees on the worker's ``/metrics``
+(:mod:`mgpu.memory.metrics`). :func:`runtime_of` finds
 the runtime a worker's :class:`RuntimeSetup` made: the task entry points
 (:mod:`mgpu.worker.tasks`) and the plugins here are its only callers.
 
@@ -21,11 +23,12 @@ import dask.config
 from distributed import WorkerPlugin
 
 from ..config import Settings
+from ..memory.metrics import PoolCollector, gpu_uuid
 from ..memory.spill import ManagedFallback
 from ..memory.stats import CupyPoolTracker, RmmTracker, cupy_uses_rmm, describe_chain, resource_chain
 from .runtime import Runtime, make_runtime
 
-__all__ = ["AllocatorStats", "RuntimeSetup", "SettingsSetup", "SpillToManaged", "runtime_of"]
+__all__ = ["AllocatorStats", "PoolMetrics", "RuntimeSetup", "SettingsSetup", "SpillToManaged", "runtime_of"]
 
 
 class SettingsSetup(WorkerPlugin):
@@ -137,3 +140,36 @@ class AllocatorStats(WorkerPlugin):
             rmm.mr.set_current_device_resource(mr)
         chain = resource_chain(mr, dev.extra.get("spill"))
         dev.extra["allocator"] = RmmTracker(mr, *describe_chain(chain, rmm.mr))
+
+
+class PoolMetrics(WorkerPlugin):
+    """Register the GPU's pool figures on the worker's ``/metrics``, labelled by the GPU's
+    UUID (after :class:`AllocatorStats`, whose tracker they read). A no-op on CPU workers
+    and where prometheus-client is missing."""
+
+    name = "mgpu-pool-metrics"
+    idempotent = True
+
+    def __init__(self) -> None:
+        self._collector: PoolCollector | None = None
+
+    def setup(self, worker: Any = None) -> None:
+        dev = runtime_of(worker).device
+        tracker = dev.extra.get("allocator")
+        if not dev.is_gpu or tracker is None:
+            return
+        try:
+            import prometheus_client
+        except ImportError:
+            return
+        import cupy
+
+        self._collector = PoolCollector(tracker, gpu_uuid(cupy.cuda.runtime.getDeviceProperties(0)))
+        prometheus_client.REGISTRY.register(self._collector)
+
+    def teardown(self, worker: Any = None) -> None:
+        if self._collector is not None:
+            import prometheus_client
+
+            prometheus_client.REGISTRY.unregister(self._collector)
+            self._collector = None

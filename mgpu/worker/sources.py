@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from ..errors import JobFailed, JobInputError
 from ..sizes import format_bytes
 from . import io, kernels, transfer
 from .device import Device
+
+if TYPE_CHECKING:
+    from .stores import ZarrSink
 
 __all__ = [
     "FileStamp",
@@ -438,7 +441,7 @@ def _largest_file(folder: str) -> int | None:
     return (1 << (bits - 1)) - 1 if 32 < bits < 64 else None
 
 
-def check_output_room(sinks: Sequence[NpySink]) -> None:
+def check_output_room(sinks: Sequence[NpySink | ZarrSink]) -> None:
     """Refuse outputs their filesystem cannot take, before anything is written.
 
     Each file must fit this process's file-size limit (``ulimit -f``, inherited by the
@@ -452,7 +455,7 @@ def check_output_room(sinks: Sequence[NpySink]) -> None:
         Naming the output's key, its size and what the filesystem or limit allows.
     """
     soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-    by_fs: dict[int, list[NpySink]] = {}
+    by_fs: dict[int, list[NpySink | ZarrSink]] = {}
     for sink in sinks:
         folder = os.path.dirname(sink.partial)
         size = format_bytes(sink.nbytes)

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from ..planner import Plan, Tile
 from ..worker.device import Device, DeviceFacts
 from ..worker.sources import NpySink
+from ..worker.stores import ZarrSink
 
 if TYPE_CHECKING:
     from ..worker.tile import TileContext
@@ -96,7 +97,7 @@ class Workload(ABC, Generic[P]):
     def __init__(self, params: P, *, verify: bool = True) -> None:
         self.params = params
         self.verify = verify
-        self.sinks: dict[str, NpySink] = {}  # the outputs' files (see Outputs.prepare)
+        self.sinks: dict[str, NpySink | ZarrSink] = {}  # the outputs' files or stores (see Outputs.prepare)
 
     # -- what every workload defines -------------------------------------------------
     @abstractmethod

@@ -27,7 +27,6 @@ from mgpu.workload import (
     HostBytes,
     InputParams,
     JobInputError,
-    NpySink,
     Operand,
     Outputs,
     Plan,
@@ -37,8 +36,8 @@ from mgpu.workload import (
     TileRecord,
     Workload,
     assign_contiguous,
-    check_output_path,
     format_bytes,
+    output_sink,
     split,
     split_by_size,
 )
@@ -65,7 +64,7 @@ class StencilParams(InputParams):
     steps: int = Field(100, gt=0, description="Jacobi steps")
     dtype: Literal["float32", "float64"] | None = None
     bands_per_device: int = Field(1, gt=0)
-    output: str | None = None  # the final grid, as .npy
+    output: str | None = None  # the final grid, as .npy or a .zarr store
 
     @model_validator(mode="after")
     def _float(self) -> StencilParams:
@@ -115,8 +114,7 @@ class Stencil(Workload, HostBytes, Stepped, Outputs):
     def prepare(self, *, force: bool) -> None:
         p = self.params
         if p.output:
-            path = check_output_path(p.output, key="params.output", suffix=".npy", force=force)
-            self.sinks["grid"] = NpySink.for_path(path, (p.height, p.width), p.dtype)
+            self.sinks["grid"] = output_sink(p.output, (p.height, p.width), p.dtype, key="params.output", force=force)
 
     def ceiling(self) -> str:
         return "copy"  # a step reads the grid and writes it once: the device's copy rate bounds it

@@ -122,6 +122,20 @@ def test_a_grid_from_a_file(tmp_path, scheduler):
     np.testing.assert_array_equal(np.load(out), sweep(grid, 6))
 
 
+def test_a_grid_from_a_zarr_store_to_a_zarr_store(tmp_path, scheduler):
+    zarr = pytest.importorskip("zarr")
+    grid = np.linspace(0, 1, 30 * 20, dtype=np.float64).reshape(30, 20) ** 2
+    zarr.create_array(str(tmp_path / "g.zarr"), shape=grid.shape, chunks=(7, 6), dtype=grid.dtype)[...] = grid
+    out = tmp_path / "final.zarr"
+    doc = {
+        "workload": "stencil",
+        "params": {"input": {"grid": str(tmp_path / "g.zarr")}, "steps": 6, "output": str(out)},
+    }
+    res = _submit(tmp_path, doc, "--scheduler", scheduler)
+    assert res.returncode == 0, res.stdout + res.stderr
+    np.testing.assert_array_equal(zarr.open_array(str(out), mode="r")[...], sweep(grid, 6))
+
+
 @pytest.mark.parametrize(
     "params,needles",
     [

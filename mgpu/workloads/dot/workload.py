@@ -17,6 +17,7 @@ from ...sizes import format_bytes
 from ...worker import io, kernels
 from ...worker.device import Device, DeviceFacts
 from ...worker.kernels import to_host
+from ...worker.stores import on_chunks, ranges_on
 from ...worker.tile import TileContext, run_tile
 from ..base import Estimates, HostBytes, TileRecord, Workload
 from ..checks import unit_roundoff
@@ -121,6 +122,9 @@ class Dot(Workload[DotParams], Estimates, HostBytes):
             what=f"chunks of {math.ceil(p.n / n_chunks):,} elements",
         )
         bounds = split(p.n, n_chunks)
+        chunks = p.chunks_of("x")
+        if chunks and "n" not in tiling:  # on the stores' chunks: each tile reads whole chunks
+            bounds = ranges_on(p.n, on_chunks(max(hi - lo for lo, hi in bounds), chunks[0]), chunks[0])
         owners = assign_contiguous(len(bounds), workers)
         tiles = [Tile(i, {"n": b}, owners[i]) for i, b in enumerate(bounds)]
         longest = max(hi - lo for lo, hi in bounds)

@@ -17,6 +17,7 @@ from ...roofline import median_seconds
 from ...sizes import format_bytes
 from ...worker.device import Device, DeviceFacts
 from ...worker.sources import NpySink, check_output_path
+from ...worker.stores import output_sink
 from ...worker.tile import TileContext, run_tile
 from ..base import Estimates, Outputs, TileRecord, Workload
 from .kernels import mandelbrot_axes, mandelbrot_counts, mandelbrot_points, mandelbrot_scratch
@@ -61,6 +62,7 @@ class MandelbrotOutput(BaseModel):
 
     png: str | None = None
     npy: str | None = None
+    zarr: str | None = None  # the counts as a Zarr store (instead of npy)
 
 
 class MandelbrotParams(BaseModel):
@@ -82,7 +84,7 @@ class MandelbrotParams(BaseModel):
     @classmethod
     def _output(cls, v: Any) -> Any:
         if v is not None and not isinstance(v, dict):
-            raise ValueError("expected null or {png: path.png, npy: path.npy} (either or both)")
+            raise ValueError("expected null or {png: path.png, npy: path.npy or zarr: path.zarr} (any of them)")
         return v
 
     @model_validator(mode="after")
@@ -118,9 +120,15 @@ class Mandelbrot(Workload[MandelbrotParams], Estimates, Outputs):
         p = self.params
         out = p.output or MandelbrotOutput()
         shape = (p.height, p.width)
+        if out.npy and out.zarr:
+            raise JobInputError("params.output: give the counts as npy or as zarr, not both")
         if out.npy:
             path = check_output_path(out.npy, key="params.output.npy", suffix=".npy", force=force)
             self.sinks["counts"] = NpySink.for_path(path, shape, "int32", key="params.output.npy")
+        if out.zarr:
+            if not out.zarr.rstrip("/").endswith(".zarr"):
+                raise JobInputError(f"params.output.zarr: {out.zarr!r} must end in .zarr")
+            self.sinks["counts"] = output_sink(out.zarr, shape, "int32", key="params.output.zarr", force=force)
         if out.png:
             png = check_output_path(out.png, key="params.output.png", suffix=".png", force=force)
             self.png_path = png
@@ -370,6 +378,15 @@ def _take_sample(xp: Any, counts: Any, tile: Tile, width: int) -> Any:
     return xp.stack([counts[r - r0, ::step] for r in rows])
 
 
+def _open_counts(path: str) -> Any:
+    """The counts of an ``.npy`` file (a memory map) or a Zarr store (read as sliced)."""
+    if os.path.isdir(path):
+        import zarr
+
+        return zarr.open_array(path, mode="r")
+    return np.load(path, mmap_mode="r")
+
+
 def render_png(counts_path: str, png_path: str, max_iter: int, partial: str | None = None) -> None:
     """Draw counts as a coloured image (points in the set black), at most 4096 px a side.
 
@@ -382,9 +399,13 @@ def render_png(counts_path: str, png_path: str, max_iter: int, partial: str | No
     from matplotlib import colormaps
     from matplotlib.image import imsave
 
-    counts = np.load(counts_path, mmap_mode="r")
+    counts = _open_counts(counts_path)
     step = max(1, math.ceil(max(counts.shape) / _PNG_MAX_SIDE))
-    view = np.asarray(counts[::step, ::step], dtype=np.float64)
+    # Bands of whole rows, every step-th kept: a store is read a chunk's rows at a time.
+    band = step * max(1, (64 << 20) // max(1, 4 * counts.shape[1] * step))
+    view = np.concatenate(
+        [np.asarray(counts[r : r + band], dtype=np.float64)[::step, ::step] for r in range(0, counts.shape[0], band)]
+    )
     shade = np.log1p(view) / np.log1p(max_iter)
     rgba = colormaps["magma"](shade)
     rgba[view >= max_iter] = (0.0, 0.0, 0.0, 1.0)

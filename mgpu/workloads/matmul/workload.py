@@ -19,7 +19,7 @@ from ...sizes import format_bytes
 from ...worker.device import Device, DeviceFacts
 from ...worker.kernels import matvec_f64, random_block
 from ...worker.panels import PanelRef, copy_rows, enable_all_peers, peer_ordinal, publish, resident
-from ...worker.sources import NpySink, check_output_path
+from ...worker.stores import on_chunks, output_sink, ranges_on
 from ...worker.tile import TileContext, run_tile
 from ..base import Estimates, HostBytes, Outputs, Workload
 from ..checks import freivalds_vector, relative_residual, unit_roundoff
@@ -196,8 +196,7 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
     def prepare(self, *, force: bool) -> None:
         p = self.params
         if p.output:
-            path = check_output_path(p.output, key="params.output", suffix=".npy", force=force)
-            self.sinks["c"] = NpySink.for_path(path, (p.m, p.n), p.dtype)
+            self.sinks["c"] = output_sink(p.output, (p.m, p.n), p.dtype, key="params.output", force=force)
 
     def _run_blocks(self, ctx: TileContext, tile: Tile) -> _Product:
         """The tile's C, k block by k block, each block of A and B made or read for it."""
@@ -212,7 +211,7 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
             abr = xp.zeros(r1 - r0, dtype=xp.float64)
         c = None
         with _tf32(dev, p.precision == "tf32"):
-            for k0, k1 in split_by_size(p.k, tile.args.get("tk", p.k)):
+            for k0, k1 in ranges_on(p.k, tile.args.get("tk", p.k), (p.chunks_of("a") or (0, 0))[1]):
                 a = src_a.read(dev, (r0, r1), (k0, k1))
                 b = src_b.read(dev, (k0, k1), (c0, c1))
                 with ctx.timer(wait=True):  # the next block is read once this product has run
@@ -336,13 +335,18 @@ class PerTileMatmul(Matmul):
             spill=spill,
             working_set=tile_bytes,
         )
+        # On the stores' chunks, where the inputs are stores: a tile then reads whole chunks.
+        a_chunks, b_chunks = p.chunks_of("a") or (None, None), p.chunks_of("b") or (None, None)
+        tm = tm if "m" in tiling else on_chunks(tm, a_chunks[0])
+        tn = tn if "n" in tiling else on_chunks(tn, b_chunks[1])
+        tk = tk if "k" in tiling or tk == p.k else on_chunks(tk, a_chunks[1], b_chunks[0])
         working_set = tile_bytes(tm, tn, tk)
         check_tile_count(
             math.ceil(p.m / tm) * math.ceil(p.n / tn),
             keys="params.m, params.n",
             what=f"{tm} x {tn} x {tk}, {format_bytes(working_set)} each of a {format_bytes(budget)} budget",
         )
-        boxes = [(r, c) for r in split_by_size(p.m, tm) for c in split_by_size(p.n, tn)]
+        boxes = [(r, c) for r in ranges_on(p.m, tm, a_chunks[0]) for c in ranges_on(p.n, tn, b_chunks[1])]
         owners = assign_contiguous(len(boxes), list(devices))
         tiles = [Tile(i, {"m": r, "n": c}, owners[i], args={"tk": tk}) for i, (r, c) in enumerate(boxes)]
         return Plan(
