@@ -218,3 +218,14 @@ def test_a_report_counts_a_shared_gpu_once_and_scales_only_across_devices():
     assert summary[1, 4]["efficiency"] is None and summary[1, 4]["baseline_devices"] is None
     _, cells = table_rows(list(summary.values()))
     assert ["1 (4 workers)", "s"] in [c[:2] for c in cells]
+
+
+def test_a_gpu_workers_budget_is_the_pool_dask_cuda_gave_it():
+    from mgpu.worker.runtime import _rmm_budget
+
+    rmm_setup = type("RMMSetup", (), {})()  # dask_cuda.plugins.RMMSetup, once set up: sizes in bytes
+    rmm_setup.initial_pool_size, rmm_setup.maximum_pool_size = 12 * GiB, None
+    worker = types.SimpleNamespace(plugins={"RMMSetup-3f2a": rmm_setup, "other": object()})
+    assert _rmm_budget(worker) == 12 * GiB
+    rmm_setup.maximum_pool_size = 16 * GiB  # a pool that may grow to a cap: the cap
+    assert _rmm_budget(worker) == 16 * GiB

@@ -232,9 +232,11 @@ def describe(run: DryRun) -> list[str]:
     facts = list(run.devices.values())
     kinds = ", ".join(sorted({f.name for f in facts}))
     memory = format_bytes(min(f.memory for f in facts))
+    physical = len({f.physical for f in facts})
+    workers = f", {len(facts)} workers" if physical != len(facts) else ""
     lines = [
-        f"mgpu: {run.job.name} ({run.job.workload}): would run on {len(facts)} {facts[0].backend} "
-        f"device(s) ({kinds}, {memory} each); nothing started",
+        f"mgpu: {run.job.name} ({run.job.workload}): would run on {physical} {facts[0].backend} "
+        f"device(s) ({kinds}, {memory} each{workers}); nothing started",
         f"mgpu: plan: {run.plan.describe()}",
     ]
     if run.estimate is not None:
@@ -250,7 +252,8 @@ def as_json(run: DryRun) -> dict[str, Any]:
     return {
         "job": run.job.as_dict(),
         "devices": [
-            {"id": f.id, "name": f.name, "memory": f.memory, "backend": f.backend} for f in run.devices.values()
+            {"id": f.id, "name": f.name, "memory": f.memory, "backend": f.backend, "uuid": f.physical}
+            for f in run.devices.values()
         ],
         "plan": {
             "tiles": len(plan.tiles),

@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 
 from .. import gpus
+from ..memory.stats import describe_chain, resource_chain
 from .device import Device, DeviceFacts, address_space_room
 from .exchange import PeerBuffers
 from .panels import PanelStore
@@ -134,11 +135,19 @@ def _cpu_device(worker: Any) -> Device:
 
 
 def _rmm_budget(worker: Any) -> int | None:
-    """The bytes the worker's RMM pool may hold, as dask-cuda set it up (its maximum, else
-    its initial size, in bytes once set up); None without a pool of known size."""
+    """The bytes the worker's RMM pool may hold: as dask-cuda set it up (its maximum, else
+    its initial size, in bytes once set up), else as RMM's current resource says (a
+    limiting adaptor's limit, a pool's size); None without a pool of known size."""
     for plugin in (getattr(worker, "plugins", None) or {}).values():
         if type(plugin).__name__ == "RMMSetup":  # dask_cuda.plugins.RMMSetup, LocalCUDACluster's or the CLI's
             for size in (getattr(plugin, "maximum_pool_size", None), getattr(plugin, "initial_pool_size", None)):
                 if isinstance(size, int) and size > 0:
                     return size
-    return None
+    try:
+        import rmm
+    except ImportError:
+        return None
+    _, pool, limit = describe_chain(resource_chain(rmm.mr.get_current_device_resource()), rmm.mr)
+    if limit:
+        return limit
+    return int(pool.pool_size()) if pool is not None else None
