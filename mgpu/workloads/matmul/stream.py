@@ -68,7 +68,7 @@ BANDS = 8  # bands of C finished (and written) one after another at a panel's en
 MIN_BAND_ROWS = 256
 # The first block of the first panel is read in pieces of this many rows of B, doubling:
 # the first product waits for 256 rows of B and 256 columns of A (64 MiB at 32768³
-# float32), not a whole block (512 MiB).
+# float32), not a whole block (256 MiB in blocks of 1024 rows, 512 in blocks of 2048).
 FIRST_ROWS = 256
 WRITERS = 2  # pieces of C written at once: the next one starts while the last one's chunks drain
 _WARMUP_C_BYTES = 1 << 30
