@@ -106,6 +106,21 @@ def test_matmul_from_stores_matches_numpy_and_its_store_the_npy_output(
     assert not [n for n in os.listdir(tmp_path) if "partial" in n]
 
 
+@pytest.mark.parametrize("operands", ["streamed", "distributed"])
+def test_matmuls_streamed_and_of_panels_read_stores_and_write_one(tmp_path, scheduler, operands):
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((300, 200)), rng.standard_normal((200, 150))
+    inputs = {
+        "a": _store(tmp_path / "a.zarr", a, (64, 48)),
+        "b": _store(tmp_path / "b.zarr", b, (48, 50), compressed=True),
+    }
+    params = {"input": inputs, "output": str(tmp_path / "c.zarr"), "operands": operands}
+    doc = {"workload": "matmul", "params": params, "cluster": {"memory_limit": "1MB"}}
+    data = _run(tmp_path, scheduler, doc)
+    assert data["plan"]["tiles"] >= 2  # the budget cut the job
+    np.testing.assert_allclose(zarr.open_array(str(tmp_path / "c.zarr"), mode="r")[...], a @ b, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("chunk,compressed", [(1000, False), (4096, True), (10007, False)])
 def test_dot_from_stores_matches_numpy(tmp_path, scheduler, chunk, compressed):
     rng = np.random.default_rng(5)
