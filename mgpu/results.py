@@ -15,8 +15,8 @@ from .sizes import format_bytes
 
 if TYPE_CHECKING:
     from .cluster import ClusterInfo
-    from .planner import Plan
     from .spec import Job
+    from .tiling import Plan
     from .worker.device import DeviceFacts
     from .workloads.base import TileRecord, Workload
 

@@ -51,8 +51,8 @@ from __future__ import annotations
 
 from .errors import JobInputError
 from .inputs import InputParams, Operand
-from .planner import Panel, Plan, Tile, assign_contiguous, split, split_by_size
 from .sizes import format_bytes
+from .tiling import Panel, Plan, Tile, assign_contiguous, split, split_by_size
 from .worker.device import Device, DeviceFacts
 from .worker.kernels import is_cupy, random_block
 from .worker.sources import NpySink, check_output_path

@@ -20,9 +20,9 @@ from mgpu.memory.stats import (
     window_from_snapshots,
     window_from_stack,
 )
-from mgpu.planner import Plan, Tile
 from mgpu.results import Allocator, Result, allocator_cell, build_result, print_result
 from mgpu.spec import validate_job
+from mgpu.tiling import Plan, Tile
 from mgpu.worker.device import DeviceFacts
 from mgpu.workloads import get_workload_class
 from mgpu.workloads.base import TileRecord

@@ -667,7 +667,7 @@ def test_streamed_matmul_writes_c_by_either_method_on_one_gpu(tmp_path, method):
 
 def test_a_dot_from_files_is_reduced_piece_by_piece_as_kvikio_reads(tmp_path, monkeypatch):
     pytest.importorskip("kvikio")
-    from mgpu.planner import Tile
+    from mgpu.tiling import Tile
     from mgpu.worker.device import Device, DeviceFacts
     from mgpu.workloads.dot import Dot, DotParams
     from mgpu.workloads.dot import workload as dot

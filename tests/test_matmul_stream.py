@@ -228,7 +228,7 @@ def test_streamed_random_inputs_match_numpy(tmp_path, scheduler):
 
 
 def test_a_random_tile_runs_in_row_pieces_on_a_gpu_only():
-    from mgpu.planner import Tile
+    from mgpu.tiling import Tile
     from mgpu.worker.device import Device, DeviceFacts
     from mgpu.workloads.matmul import Matmul, MatmulParams, overlap
 

@@ -26,7 +26,7 @@ import slow_mgpu
 from conftest import invoke, write_job
 
 from mgpu.errors import JobInputError
-from mgpu.planner import MAX_TILES
+from mgpu.tiling import MAX_TILES
 from mgpu.worker.device import DeviceFacts
 from mgpu.workloads.dot import Dot, DotParams
 from mgpu.workloads.mandelbrot import Mandelbrot, MandelbrotParams

@@ -12,7 +12,7 @@ from rich.console import Console
 
 import mgpu.cli
 from mgpu.cli import _Reporter
-from mgpu.planner import Plan, Tile
+from mgpu.tiling import Plan, Tile
 
 BAR = re.compile(r"tiles ━+")  # the bar's line: its label, then the bar (tables use ━ too)
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict
 from mgpu.client.submit import run_plan
 from mgpu.cluster import open_cluster, resolve_cluster
 from mgpu.errors import JobFailed
-from mgpu.planner import Plan, Tile, assign_contiguous
 from mgpu.spec import ClusterSpec
+from mgpu.tiling import Plan, Tile, assign_contiguous
 from mgpu.worker import tasks
 from mgpu.worker import tile as routine
 from mgpu.worker.exchange import PeerBuffers

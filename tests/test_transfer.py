@@ -17,8 +17,8 @@ import pytest
 from conftest import submit_json, write_job
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from mgpu.planner import Tile
 from mgpu.results import Throughput, _roofline
+from mgpu.tiling import Tile
 from mgpu.worker import transfer
 from mgpu.worker.device import Device, DeviceFacts
 from mgpu.worker.sources import NpyInfo, NpySink, NpySource
@@ -777,7 +777,7 @@ def _stand_in_kvikio_module(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, 
 def test_a_dot_from_files_on_a_gpu_reduces_each_piece_as_it_lands(monkeypatch, tmp_path):
     import math
 
-    from mgpu.planner import Tile
+    from mgpu.tiling import Tile
     from mgpu.workloads.dot import Dot, DotParams
     from mgpu.workloads.dot import workload as dot
 

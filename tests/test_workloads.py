@@ -353,7 +353,7 @@ def test_mandelbrot_warmup_runs_a_small_band_the_way_the_job_does(monkeypatch, v
     """The warm-up is run_tile on a small band, checked when the job is: on a GPU the check's
     kernels then compile and load in the warm-up, not in the first real bands. It leaves the
     job's own axes on the device for the bands to slice."""
-    from mgpu.planner import Tile
+    from mgpu.tiling import Tile
     from mgpu.worker import tile as routine
     from mgpu.workloads.mandelbrot import workload as mandelbrot
 
@@ -382,7 +382,7 @@ def test_mandelbrot_warmup_runs_a_small_band_the_way_the_job_does(monkeypatch, v
 def test_mandelbrot_bands_of_jobs_in_one_process_each_count_over_their_own_window():
     # A band slices the axes its worker keeps for the running job: the next job, with
     # another window or size, must not count over the last one's.
-    from mgpu.planner import Tile
+    from mgpu.tiling import Tile
     from mgpu.worker.tile import run_tile
 
     dev = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "host"))

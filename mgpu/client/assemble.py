@@ -10,9 +10,9 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from ..cluster import ClusterInfo
-from ..planner import Plan
 from ..results import Recovery, Result, Startup, build_result
 from ..spec import Job
+from ..tiling import Plan
 from ..worker.tasks import close_allocator_window
 from ..workloads.base import Outputs, TileRecord, Workload
 

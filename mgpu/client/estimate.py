@@ -22,10 +22,10 @@ import dask.config
 from .. import config, roofline
 from ..cluster import ResolvedCluster, budget_for, expected_devices, resolve_cluster, scheduler_address
 from ..errors import JobInputError
-from ..planner import Plan
 from ..sharing import share_rates
 from ..sizes import format_bytes
 from ..spec import Job, check_one_cluster
+from ..tiling import Plan
 from ..worker.device import DeviceFacts
 from ..worker.sources import check_output_room
 from ..workloads import get_workload_class

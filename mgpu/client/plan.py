@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import JobInputError
-from ..planner import Plan, check_tiling_keys
 from ..spec import Job
+from ..tiling import Plan, check_tiling_keys
 from ..worker.device import DeviceFacts
 from ..workloads import get_workload_class
 from ..workloads.base import Outputs, Workload

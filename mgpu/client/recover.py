@@ -20,7 +20,7 @@ from distributed import TimeoutError as DaskTimeoutError
 
 from .. import config
 from ..errors import JobFailed, JobInputError
-from ..planner import Tile
+from ..tiling import Tile
 
 __all__ = ["TileTracker"]
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from distributed.comm import get_address_host
 
-from ..planner import Plan, Tile
 from ..results import Recovery
+from ..tiling import Plan, Tile
 from ..worker.tasks import end_job, lost_stepped_tile, make_panel, run_tile, step_tile, warmup
 from ..workloads.base import TileRecord, Workload
 from .recover import TileTracker

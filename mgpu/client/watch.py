@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..cluster import ClusterInfo
-    from ..planner import Plan
     from ..results import Result
     from ..spec import Job
+    from ..tiling import Plan
     from ..workloads.base import TileRecord
 
 __all__ = ["Events"]

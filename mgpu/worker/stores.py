@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import JobFailed, JobInputError
-from ..planner import split_by_size
 from ..sizes import format_bytes
+from ..tiling import split_by_size
 from . import io, transfer
 from .device import Device
 from .sources import NpySink, check_output_path

@@ -12,7 +12,7 @@ from typing import Any, Literal, TypeVar
 
 from distributed import get_worker
 
-from ..planner import Panel, Tile
+from ..tiling import Panel, Tile
 from ..workloads.base import TileRecord, Workload
 from . import tile as _tile
 from .device import Device, DeviceFacts

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..planner import Panel, Tile
+from ..tiling import Panel, Tile
 from ..workloads.base import Stepped, TileRecord, Workload
 from . import exchange
 from .device import Device, Timing

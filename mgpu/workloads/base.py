@@ -3,7 +3,7 @@
 Plug-ins reach these through :mod:`mgpu.workload`, whose docstring is the contract's
 description; this module defines them. A :class:`Workload` declares its parameters (a
 pydantic model; inputs through :class:`mgpu.inputs.InputParams`), plans a job into tiles
-(a :class:`~mgpu.planner.Plan`: pure data), computes one tile given a
+(a :class:`~mgpu.tiling.Plan`: pure data), computes one tile given a
 :class:`~mgpu.worker.tile.TileContext` (``run``), checks it (``check``), combines the
 partial answers (``combine``) and names the ceiling that bounds it (``ceiling``). What a
 workload may do beyond that it opts into by subclassing a capability: :class:`Estimates`,
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from ..planner import Plan, Tile
+from ..tiling import Plan, Tile
 from ..worker.device import Device, DeviceFacts
 from ..worker.sources import NpySink
 from ..worker.stores import ZarrSink
@@ -174,7 +174,7 @@ class Workload(ABC, Generic[P]):
         return None
 
     def make_panel(self, ctx: TileContext, panel: Any) -> Any:
-        """Make ``panel`` (a :class:`~mgpu.planner.Panel` the plan named) on this worker
+        """Make ``panel`` (a :class:`~mgpu.tiling.Panel` the plan named) on this worker
         (``ctx.dev``), kept in ``ctx.panel_store`` for the job ``ctx.token``
         (:func:`mgpu.worker.panels.publish`)."""
         raise NotImplementedError(f"{self.name} plans no panels")

@@ -12,8 +12,8 @@ from pydantic import Field
 
 from ...errors import JobInputError
 from ...inputs import InputParams, Operand
-from ...planner import Plan, Tile, assign_contiguous, check_tile_count, split
 from ...sizes import format_bytes
+from ...tiling import Plan, Tile, assign_contiguous, check_tile_count, split
 from ...worker import io, kernels
 from ...worker.device import Device, DeviceFacts
 from ...worker.kernels import to_host

@@ -12,9 +12,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ...errors import JobInputError
-from ...planner import Plan, Tile, check_tile_count, split_by_cost, split_by_size
 from ...roofline import median_seconds
 from ...sizes import format_bytes
+from ...tiling import Plan, Tile, check_tile_count, split_by_cost, split_by_size
 from ...worker.device import Device, DeviceFacts
 from ...worker.sources import NpySink, check_output_path
 from ...worker.stores import output_sink

@@ -9,8 +9,8 @@ and streams A and B through them: out of core on one GPU, see stream.py).
 
 from __future__ import annotations
 
-from .planning import choose_matmul_tiles, cpu_working_set, matmul_working_set
 from .stream import StreamedMatmul
+from .tiling import choose_matmul_tiles, cpu_working_set, matmul_working_set
 from .workload import DistributedMatmul, Matmul, MatmulParams, PerTileMatmul
 
 __all__ = [

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...planner import Tile, split
+from ...tiling import Tile, split
 from ...worker.kernels import matvec_f64, random_block
 from ...worker.sources import RandomSource
 from ..checks import freivalds_vector

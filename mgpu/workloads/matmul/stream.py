@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import JobInputError
-from ...planner import Plan, Tile, assign_contiguous, split, split_by_size
 from ...sizes import format_bytes
+from ...tiling import Plan, Tile, assign_contiguous, split, split_by_size
 from ...worker import transfer
 from ...worker.device import Device, DeviceFacts
 from ...worker.kernels import matvec_f64

@@ -13,9 +13,9 @@ from pydantic import Field, model_validator
 
 from ...errors import JobInputError
 from ...inputs import InputParams, Operand
-from ...planner import Panel, Plan, Tile, assign_contiguous, check_tile_count, split, split_by_size
 from ...roofline import median_seconds
 from ...sizes import format_bytes
+from ...tiling import Panel, Plan, Tile, assign_contiguous, check_tile_count, split, split_by_size
 from ...worker.device import Device, DeviceFacts
 from ...worker.kernels import matvec_f64, random_block
 from ...worker.panels import PanelRef, copy_rows, enable_all_peers, peer_ordinal, publish, resident
@@ -24,7 +24,7 @@ from ...worker.tile import TileContext, run_tile
 from ..base import Estimates, HostBytes, Outputs, Workload
 from ..checks import freivalds_vector, relative_residual, unit_roundoff
 from . import overlap
-from .planning import choose_matmul_tiles, cpu_working_set, matmul_working_set
+from .tiling import choose_matmul_tiles, cpu_working_set, matmul_working_set
 
 __all__ = ["DistributedMatmul", "Matmul", "MatmulParams", "PerTileMatmul"]
 

@@ -1,4 +1,4 @@
-"""How a matmul job is cut into tiles: the working set of a tile and the tile sizes."""
+"""How a matmul job is cut into tiles (its tiling): the working set of a tile and the tile sizes."""
 
 from __future__ import annotations
 

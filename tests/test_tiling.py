@@ -1,4 +1,4 @@
-"""The planner: splitting ranges, matmul tile sizes under a budget, placement, and each
+"""Tiling: splitting ranges, matmul tile sizes under a budget, placement, and each
 workload's plan covering its output exactly once. Pure functions: no cluster here."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from mgpu.errors import JobInputError
-from mgpu.planner import (
+from mgpu.tiling import (
     Plan,
     assign_contiguous,
     check_tiling_keys,

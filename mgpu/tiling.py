@@ -1,7 +1,10 @@
-"""Job + the workers' device facts -> a Plan: which tiles, and which worker computes each.
+"""A plan's data (:class:`Plan`, :class:`Tile`, :class:`Panel`) and the helpers a workload's
+``plan()`` cuts and places its tiles with.
 
-Pure Python and NumPy-free: no GPU, no cluster. The workloads call these helpers from
-their ``plan()``; the client side only follows the Plan.
+Each workload tiles itself (matmul's tile sizes: :mod:`mgpu.workloads.matmul.tiling`); the
+job-level planning (the job's workload made, its plan under the workers' budget) is the
+client's (:mod:`mgpu.client.plan`), which only follows the Plan. Pure Python and
+NumPy-free: no GPU, no cluster.
 """
 
 from __future__ import annotations
