@@ -21,8 +21,8 @@ from .client.estimate import Estimate
 from .client.watch import Events
 from .errors import JobFailed, JobInputError
 from .memory import AllocatorChoice
-from .results import print_result
 from .security import client_security
+from .show import print_result
 from .signals import Interrupted, cancel_on_signals
 from .spec import load_job
 

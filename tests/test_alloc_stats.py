@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
+from mgpu.client.result import build_result
 from mgpu.cluster import ClusterInfo, ResolvedCluster
 from mgpu.memory.stats import (
     Counts,
@@ -20,7 +21,8 @@ from mgpu.memory.stats import (
     window_from_snapshots,
     window_from_stack,
 )
-from mgpu.results import Allocator, Result, allocator_cell, build_result, print_result
+from mgpu.results import Allocator, Result
+from mgpu.show import allocator_cell, print_result
 from mgpu.spec import validate_job
 from mgpu.tiling import Plan, Tile
 from mgpu.worker.device import DeviceFacts

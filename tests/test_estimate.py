@@ -16,7 +16,8 @@ from rich.console import Console
 from mgpu import roofline
 from mgpu.client import estimate as estimate_mod
 from mgpu.report import load_rows
-from mgpu.results import Result, print_result
+from mgpu.results import Result
+from mgpu.show import print_result
 from mgpu.worker.device import DeviceFacts
 from mgpu.workloads.dot import Dot, DotParams
 from mgpu.workloads.mandelbrot import Mandelbrot, MandelbrotParams

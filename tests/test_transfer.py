@@ -17,7 +17,8 @@ import pytest
 from conftest import submit_json, write_job
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from mgpu.results import Throughput, _roofline
+from mgpu.client.result import _roofline
+from mgpu.results import Throughput
 from mgpu.tiling import Tile
 from mgpu.worker import transfer
 from mgpu.worker.device import Device, DeviceFacts

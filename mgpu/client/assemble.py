@@ -10,11 +10,12 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from ..cluster import ClusterInfo
-from ..results import Recovery, Result, Startup, build_result
+from ..results import Recovery, Result, Startup
 from ..spec import Job
 from ..tiling import Plan
 from ..worker.tasks import close_allocator_window
 from ..workloads.base import Outputs, TileRecord, Workload
+from .result import build_result
 
 __all__ = ["assemble", "reference_beside"]
 
