@@ -140,7 +140,7 @@ def random_pair_with_sums(
     xp: Any, *, seed: int, operands: tuple[int, int], elements: tuple[int, int], dtype: Any
 ) -> tuple[Any, Any, Any]:
     """Elements ``elements`` of two random vectors of ``seed`` (operand numbers ``operands``),
-    as :func:`random_block` makes them, and ``[sum(x*y), sum|x*y|]`` in float64 (an array
+    as :func:`~mgpu.worker.kernels.random_block` makes them, and ``[sum(x*y), sum|x*y|]`` in float64 (an array
     of ``xp``: read it once the stream is done anyway).
 
     On a GPU one kernel makes x and y and sums their products as it goes, so the sums cost
