@@ -1,4 +1,10 @@
-"""mgpu: large array jobs on every GPU of a node, or CPU workers, on Dask."""
+"""mgpu: large array jobs on every GPU of a node, or CPU workers, on Dask.
+
+The public API is what this module exports (:func:`run`, :func:`load_job`, :class:`Job`,
+:class:`Result`, :class:`Events`, ``config`` and the two errors) and, for a workload
+written outside mgpu, the plug-in contract :mod:`mgpu.workload`. Every other module is
+internal: its names may change between versions.
+"""
 
 from __future__ import annotations
 
