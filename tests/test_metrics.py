@@ -13,7 +13,8 @@ import pytest
 
 import mgpu
 from mgpu.errors import JobInputError
-from mgpu.memory.metrics import PoolCollector, gpu_uuid
+from mgpu.gpus import format_uuid
+from mgpu.memory.metrics import PoolCollector
 from mgpu.memory.stats import Counts, RmmTracker
 
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -97,7 +98,7 @@ class _FakeTracker:
 
 def test_a_workers_pool_gauges_are_labelled_by_its_gpus_uuid():
     registry = prometheus_client.CollectorRegistry()
-    uuid = gpu_uuid({"uuid": bytes(range(16))})
+    uuid = format_uuid(bytes(range(16)))
     assert uuid == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
     registry.register(PoolCollector(_FakeTracker({"kind": "pool", "in_use": 5, "peak": 9, "size": 64}), uuid))
     labels = {"gpu_uuid": uuid, "kind": "pool"}

@@ -138,7 +138,6 @@ def test_a_gpu_workers_metrics_show_its_pool_by_the_gpus_uuid(tmp_path):
     from prometheus_client.parser import text_string_to_metric_families
 
     from mgpu.cluster import open_cluster, resolve_cluster
-    from mgpu.memory.metrics import gpu_uuid
 
     job = validate_job(
         _job("matmul", {"m": 4096, "n": 4096, "k": 4096}, devices=[0], allocator="pool", memory_limit="2GB")
@@ -150,7 +149,7 @@ def test_a_gpu_workers_metrics_show_its_pool_by_the_gpus_uuid(tmp_path):
         host = address.split("://")[1].rsplit(":", 1)[0]
         with urllib.request.urlopen(f"http://{host}:{worker['services']['dashboard']}/metrics", timeout=10) as r:
             text = r.read().decode()
-        uuid = info.client.run(lambda: gpu_uuid(cupy.cuda.runtime.getDeviceProperties(0)), workers=[address])[address]
+        uuid = info.devices[address].uuid  # the worker's GPU, as mgpu.gpus names it
     got = {
         s.name: s
         for family in text_string_to_metric_families(text)

@@ -12,15 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["PoolCollector", "gpu_uuid"]
-
-
-def gpu_uuid(props: dict[str, Any]) -> str:
-    """The UUID of a GPU as ``nvidia-smi -L`` prints it (``GPU-xxxxxxxx-xxxx-...``), from
-    CUDA's device properties (``uuid``: 16 bytes)."""
-    raw = bytes(props["uuid"])
-    h = raw.hex()
-    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+__all__ = ["PoolCollector"]
 
 
 class PoolCollector:

@@ -23,7 +23,7 @@ import dask.config
 from distributed import WorkerPlugin
 
 from ..config import Settings
-from ..memory.metrics import PoolCollector, gpu_uuid
+from ..memory.metrics import PoolCollector
 from ..memory.spill import ManagedFallback
 from ..memory.stats import CupyPoolTracker, RmmTracker, cupy_uses_rmm, describe_chain, resource_chain
 from .runtime import Runtime, make_runtime
@@ -162,9 +162,7 @@ class PoolMetrics(WorkerPlugin):
             import prometheus_client
         except ImportError:
             return
-        import cupy
-
-        self._collector = PoolCollector(tracker, gpu_uuid(cupy.cuda.runtime.getDeviceProperties(0)))
+        self._collector = PoolCollector(tracker, dev.facts.uuid)
         prometheus_client.REGISTRY.register(self._collector)
 
     def teardown(self, worker: Any = None) -> None:
