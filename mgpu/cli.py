@@ -18,9 +18,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from . import __version__
 from .api import run_all
 from .client.estimate import Estimate
+from .client.preflight import check_written
 from .client.watch import Events
 from .errors import JobFailed, JobInputError
 from .memory import AllocatorChoice
+from .paths import write_text
 from .security import client_security
 from .show import print_result
 from .signals import Interrupted, cancel_on_signals
@@ -55,8 +57,7 @@ class _Reporter(Events):
             shared = f" on {gpus} GPU{'s' * (gpus != 1)}" if gpus != n else ""
             where = f"{n} GPU worker{'s' * (n != 1)}{shared} ({', '.join(names)}), allocator {info.resolved.allocator}"
         self.console.print(f"mgpu: running on {where}")
-        if info.dashboard_link:
-            self.console.print(f"mgpu: dashboard {info.dashboard_link}")
+        _tell_dashboard(self.console, info)
 
     def planned(self, plan: Any) -> None:
         self.console.print(f"mgpu: plan: {plan.describe()}")
@@ -118,6 +119,25 @@ class _Reporter(Events):
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
+
+
+def _tell_dashboard(console: Console, info: Any, note: str = "") -> None:
+    """The dashboard's link, the address it is bound to, and a warning where that is not this machine alone."""
+    from .cluster import is_loopback
+
+    bound = info.dashboard_address
+    if bound is None:
+        if info.dashboard_link:
+            console.print(f"mgpu: dashboard {info.dashboard_link}{note}", soft_wrap=True)
+        return
+    address, link = bound
+    console.print(f"mgpu: dashboard {link}, listening on {address}{note}", soft_wrap=True)
+    if not is_loopback(address.rpartition(":")[0]):
+        click.echo(
+            f"mgpu: warning: the dashboard listens on {address}, beyond this machine: anyone who can reach this "
+            "host can see it (the jobs, their workers and logs); leave --dashboard out to keep it on 127.0.0.1",
+            err=True,
+        )
 
 
 def _overrides(sets: tuple[str, ...], *, no_dashboard: bool, no_verify: bool, **cluster: str | None) -> list[str]:
@@ -252,8 +272,7 @@ def submit(
         return
     try:
         jobs = [load_job(f, overrides) for f in job_files]
-        if json_path and json_path != "-" and not Path(json_path).expanduser().parent.is_dir():
-            raise JobInputError(f"--json: the folder of {json_path!r} does not exist")
+        check_written(json_path, key="--json", jobs=jobs, read=job_files)
         security = client_security(tls_ca_file, tls_cert, tls_key)
         try:
             with cancel_on_signals():
@@ -288,8 +307,7 @@ def _dry_run(job_files: tuple[Path, ...], overrides: list[str], json_path: str |
 
     try:
         jobs = [load_job(f, overrides) for f in job_files]
-        if json_path and json_path != "-" and not Path(json_path).expanduser().parent.is_dir():
-            raise JobInputError(f"--json: the folder of {json_path!r} does not exist")
+        check_written(json_path, key="--json", jobs=jobs, read=job_files)
         runs = dry_run(jobs)
     except JobInputError as e:
         _fail(str(e), JobInputError.exit_code)
@@ -300,10 +318,18 @@ def _dry_run(job_files: tuple[Path, ...], overrides: list[str], json_path: str |
     if json_path:
         docs = [as_json(r) for r in runs]
         text = json.dumps(docs if len(docs) > 1 else docs[0], indent=2)
-        if json_path == "-":
-            click.echo(text)
-        else:
-            Path(json_path).expanduser().write_text(text + "\n")
+        _emit_json(text, json_path)
+
+
+def _emit_json(text: str, json_path: str) -> None:
+    """``text`` on stdout (``-``) or into the file; a write that fails is one line, exit 1."""
+    if json_path == "-":
+        click.echo(text)
+        return
+    try:
+        write_text(json_path, text + "\n", key="--json")
+    except JobFailed as e:
+        _fail(str(e), JobFailed.exit_code)
 
 
 def _write_json(results: list[Any], json_path: str | None, *, several: bool) -> None:
@@ -314,10 +340,7 @@ def _write_json(results: list[Any], json_path: str | None, *, several: bool) -> 
         text = json.dumps([r.model_dump(mode="json") for r in results], indent=2)
     else:
         text = results[0].model_dump_json(indent=2)
-    if json_path == "-":
-        click.echo(text)
-    else:
-        Path(json_path).expanduser().write_text(text + "\n")
+    _emit_json(text, json_path)
 
 
 @cli.command(context_settings=_CONTEXT)
@@ -377,7 +400,7 @@ class _SweepReporter(_Reporter):
 
     def cluster_ready(self, info: Any) -> None:
         if info.dashboard_link and not self.told_dashboard:
-            self.console.print(f"mgpu: dashboard {info.dashboard_link} (each run starts its cluster anew)")
+            _tell_dashboard(self.console, info, " (each run starts its cluster anew)")
             self.told_dashboard = True
 
     def planned(self, plan: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import ipaddress
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import psutil
 from distributed import Client, LocalCluster
@@ -39,6 +41,7 @@ __all__ = [
     "budget_for",
     "describe_workers",
     "expected_devices",
+    "is_loopback",
     "open_cluster",
     "resolve_cluster",
     "scheduler_address",
@@ -99,9 +102,35 @@ class ClusterInfo:
         except Exception:
             return None
 
+    @property
+    def dashboard_address(self) -> tuple[str, str] | None:
+        """Where the dashboard of a cluster mgpu started listens (``HOST:PORT`` as bound, the
+        port the real one if the asked one was taken) and the link to open; None if off."""
+        link = self.dashboard_link
+        if link is None or not self.owned or not self.resolved.dashboard:
+            return None
+        host = self.resolved.dashboard.rpartition(":")[0] or "127.0.0.1"
+        port = urlsplit(link).port
+        if host in ("0.0.0.0", "", "::", "[::]"):
+            link = link.replace(urlsplit(link).netloc, f"{socket.gethostname()}:{port}", 1)
+        else:
+            link = link.replace(urlsplit(link).netloc, f"{host}:{port}", 1)
+        return f"{host}:{port}", link
+
     def budget(self) -> int:
         """Bytes each task may hold on its device: the smallest worker's share."""
         return budget_for(self.resolved.memory_limit, self.devices)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a dashboard's bind address) is reachable from this machine only."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to an outside interface
 
 
 def budget_for(memory_limit: int | float | str, devices: dict[str, DeviceFacts]) -> int:
@@ -260,6 +289,8 @@ def resolve_cluster(spec: ClusterSpec, *, given_client: bool = False) -> Resolve
         )
     available = visible_count() if backend == "cuda" else (os.cpu_count() or 1)
     devices = spec.devices
+    if backend == "cpu":
+        _check_cpu_devices(devices, available, chosen=spec.backend == "cpu")
     if devices == "all":
         ids = list(range(available))
     elif isinstance(devices, int):
@@ -292,6 +323,28 @@ def resolve_cluster(spec: ClusterSpec, *, given_client: bool = False) -> Resolve
     return ResolvedCluster(
         backend, ids, spec.allocator, protocol, spec.memory_limit, None, spec.dashboard, why, spill, per_device
     )
+
+
+def _check_cpu_devices(devices: str | int | list[int], cores: int, *, chosen: bool) -> None:
+    """CPU workers are one a core: refuse more than the cores, and GPU ids without a GPU.
+
+    Raises
+    ------
+    JobInputError
+        Naming what was asked for and what this machine has.
+    """
+    have = f"this machine has {cores} CPU core{'s' * (cores != 1)} (one CPU worker each)"
+    if isinstance(devices, int) and devices > cores:
+        raise JobInputError(f"cluster.devices: {devices} CPU workers asked for, but {have}; give at most {cores}")
+    if isinstance(devices, list):
+        if not chosen:
+            raise JobInputError(
+                f"cluster.devices: {devices} names GPU ids, but no GPU is visible, so the job would run on "
+                f"CPU workers; give a count of CPU workers (--devices {min(len(devices), cores)}), or "
+                "backend: cpu with worker ids"
+            )
+        if max(devices) >= cores:
+            raise JobInputError(f"cluster.devices: CPU worker {max(devices)} does not exist; {have}, ids 0-{cores - 1}")
 
 
 def _start_cuda(rc: ResolvedCluster) -> Any:

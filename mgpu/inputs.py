@@ -43,7 +43,8 @@ class InputParams(BaseModel):
     input_operands: ClassVar[tuple[Operand, ...]] = ()
     default_dtype: ClassVar[str] = "float32"
 
-    seed: int = Field(0, ge=0)
+    # The generator keys its streams by the seed modulo 2**64: a larger seed would repeat a smaller one's data.
+    seed: int = Field(0, ge=0, lt=2**64)
     input: Literal["random"] | dict[str, str] = "random"
     _files: dict[str, NpyInfo | ZarrInfo] = PrivateAttr(default_factory=dict)
 

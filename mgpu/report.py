@@ -221,7 +221,8 @@ def summarize(rows: list[dict[str, Any]], by: list[str] | None = None) -> list[d
 
 
 def load_rows(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
-    """Rows from Result JSON files (``submit --json``) and scale JSON files (``scale.json``).
+    """Rows from Result JSON files (``submit --json``: one result, or a list for several
+    jobs) and scale JSON files (``scale.json``).
 
     Results of the same job, size, device count and machine are numbered as repeats.
 
@@ -248,17 +249,29 @@ def load_rows(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
                     )
                 rows.append({"expected_s": None, "workers": None, **r, "source": r.get("source") or path.name})
             continue
-        try:
-            result = Result.model_validate(data)
-        except ValidationError:
-            raise JobInputError(
-                f"{str(path)!r} is not an mgpu result: expected the JSON of "
-                "'mgpu submit --json' or the scale.json of 'mgpu scale'"
-            ) from None
-        row = row_from_result(result, source=path.name)
-        key = (row["job"], row["size"], row["devices"], row["workers"], row["host"], row["allocator"], row["protocol"])
-        row["repeat"], repeats[key] = repeats[key], repeats[key] + 1
-        rows.append(row)
+        # submit --json writes one result, or a list of them for several jobs.
+        docs = data if isinstance(data, list) and data else [data]
+        for i, doc in enumerate(docs):
+            try:
+                result = Result.model_validate(doc)
+            except ValidationError:
+                which = f" (item {i + 1} of its list)" if len(docs) > 1 else ""
+                raise JobInputError(
+                    f"{str(path)!r}{which} is not an mgpu result: expected the JSON of "
+                    "'mgpu submit --json' (one result or a list of them) or the scale.json of 'mgpu scale'"
+                ) from None
+            row = row_from_result(result, source=path.name)
+            key = (
+                row["job"],
+                row["size"],
+                row["devices"],
+                row["workers"],
+                row["host"],
+                row["allocator"],
+                row["protocol"],
+            )
+            row["repeat"], repeats[key] = repeats[key], repeats[key] + 1
+            rows.append(row)
     return rows
 
 

@@ -6,11 +6,12 @@ The workload's own ``params`` are validated by the model the workload registers,
 
 from __future__ import annotations
 
+import codecs
 import copy
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -221,6 +222,33 @@ def _format_error(err: ValidationError, model: type[BaseModel], prefix: str = ""
     return "\n".join(lines.values())
 
 
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field of this type may hold true or false (pydantic's lax mode would read
+    them as 1 and 0 for an int or float)."""
+    if annotation is bool or annotation is Any:
+        return True
+    if get_origin(annotation) is Literal:
+        return any(isinstance(a, bool) for a in get_args(annotation))
+    return any(_takes_bool(a) for a in get_args(annotation) if get_origin(annotation) is not dict)
+
+
+def _no_bool_for_number(raw: dict[str, Any], model: type[BaseModel], prefix: str) -> None:
+    """Refuse true/false given for a key that is not a yes/no, naming the key."""
+    for key, value in raw.items():
+        field = model.model_fields.get(str(key))
+        if isinstance(value, bool) and field is not None and not _takes_bool(field.annotation):
+            raise JobInputError(f"{prefix}{key}: expected {_kind(field.annotation)}, got {str(value).lower()}")
+
+
+def _kind(annotation: Any) -> str:
+    args = {a for a in get_args(annotation)} | {annotation}
+    if int in args:
+        return "an integer"
+    if float in args:
+        return "a number"
+    return "a value of its kind, not true/false"
+
+
 def _set_dotted(doc: dict[str, Any], dotted: str, value: Any) -> None:
     keys = dotted.split(".")
     node = doc
@@ -249,13 +277,38 @@ def apply_overrides(doc: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return doc
 
 
+def yaml_text(path: Path, *, key: str) -> str:
+    """The text of a YAML file, read as UTF-8; anything else (UTF-16, binary, bytes that
+    are not UTF-8, a directory, a FIFO) is an input error naming the file."""
+    if not path.exists():
+        raise JobInputError(f"{key} {str(path)!r} does not exist")
+    if path.is_dir():
+        raise JobInputError(f"{key} {str(path)!r} is a directory, not a file")
+    if not path.is_file():
+        raise JobInputError(f"{key} {str(path)!r} is not a regular file (a FIFO or device?); give a YAML file")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise JobInputError(f"{key} {str(path)!r} cannot be read: {e.strerror}") from None
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):
+        raise JobInputError(f"{key} {str(path)!r} is UTF-16 or UTF-32 text; save it as UTF-8")
+    if b"\x00" in data:
+        raise JobInputError(f"{key} {str(path)!r} is binary (it holds NUL bytes), not a YAML text file")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise JobInputError(
+            f"{key} {str(path)!r} is not UTF-8 text (byte 0x{data[e.start]:02x} on line {line}); save it as UTF-8"
+        ) from None
+
+
 def read_job_file(path: str | Path) -> dict[str, Any]:
     """Read a job file with the safe YAML loader; a missing or malformed file is an input error."""
     path = Path(path)
-    if not path.is_file():
-        raise JobInputError(f"job file {str(path)!r} does not exist")
+    doc = yaml_text(path, key="job file")
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.safe_load(doc)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -277,6 +330,9 @@ def validate_job(doc: dict[str, Any]) -> Job:
     """
     doc = dict(doc)
     doc.setdefault("name", "job")
+    unknown = [str(k) for k in doc if k not in Job.model_fields]
+    if unknown:
+        raise JobInputError(f"{unknown[0]}: unknown key; allowed: {', '.join(sorted(Job.model_fields))}")
     workload = doc.get("workload")
     if workload is None:
         raise JobInputError(f"workload: required key is missing; one of: {', '.join(workload_names())}")
@@ -289,6 +345,11 @@ def validate_job(doc: dict[str, Any]) -> Job:
     raw_params = doc.get("params") or {}
     if not isinstance(raw_params, dict):
         raise JobInputError("params: expected a mapping of the workload's parameters")
+    _no_bool_for_number(raw_params, cls.Params, "params.")
+    if isinstance(doc.get("tiling"), dict):
+        for axis, size in doc["tiling"].items():
+            if isinstance(size, bool):
+                raise JobInputError(f"tiling.{axis}: expected a tile size (an integer), got {str(size).lower()}")
     try:
         params = cls.Params.model_validate(raw_params)
     except ValidationError as e:

@@ -364,7 +364,9 @@ def test_a_disk_full_when_the_output_is_made_fails_the_job_cleanly(tmp_path):
 
 def test_a_tile_larger_than_its_worker_can_hold_fails_the_job_cleanly(tmp_path):
     # The budget is said to be 100 GB, but each worker may map 8 GB: its first chunk of
-    # 2 * 10^9 float32 elements (8 GB) cannot be allocated.
+    # 2 * 10^9 float32 elements (8 GB) cannot be allocated. (A budget past what the workers
+    # have is refused before anything starts: the prelude lets this one through, to reach
+    # a worker's MemoryError.)
     job = _job(
         tmp_path,
         "dot",
@@ -373,7 +375,9 @@ def test_a_tile_larger_than_its_worker_can_hold_fails_the_job_cleanly(tmp_path):
         cluster={"backend": "cpu", "devices": 1, "memory_limit": "100GB", "dashboard": None},
     )
     before = _listing(tmp_path)
-    run = run_mgpu("submit", job, "-q")
+    run = run_mgpu(
+        "submit", job, "-q", prelude="import mgpu.client.preflight as p\np._check_budget = lambda *a: None\n"
+    )
     assert_failed_cleanly(run, tmp_path, before, "ran out of memory", "MemoryError", "tiling")
     assert run.stderr.count("mgpu:") == 1
 
@@ -382,7 +386,8 @@ def test_a_tile_larger_than_its_worker_can_hold_fails_the_job_cleanly(tmp_path):
 def test_a_gpu_allocation_that_fails_with_spill_none_fails_the_job_cleanly(tmp_path):
     import cupy
 
-    # The budget is said to be 1 TB, so the plan passes; the GPU holds less than the tile's
+    # The budget is said to be 1 TB (the prelude lets it past the preflight, which refuses
+    # a budget beyond the GPU's memory), so the plan passes; the GPU holds less than the tile's
     # x and y (1.5 times its memory), and with spill: none nothing takes the excess.
     total = cupy.cuda.runtime.memGetInfo()[1]
     n = int(1.5 * total) // 8
@@ -402,7 +407,13 @@ def test_a_gpu_allocation_that_fails_with_spill_none_fails_the_job_cleanly(tmp_p
     )
     before = _listing(tmp_path)
     # CUDA reserves far more address space than 8 GB: no limit here.
-    run = run_mgpu("submit", job, "-q", limits={resource.RLIMIT_AS: resource.RLIM_INFINITY})
+    run = run_mgpu(
+        "submit",
+        job,
+        "-q",
+        limits={resource.RLIMIT_AS: resource.RLIM_INFINITY},
+        prelude="import mgpu.client.preflight as p\np._check_budget = lambda *a: None\n",
+    )
     assert_failed_cleanly(run, tmp_path, before, "ran out of memory", "spill: managed")
     assert run.stderr.count("mgpu:") == 1
 

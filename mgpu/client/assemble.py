@@ -10,6 +10,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from ..cluster import ClusterInfo
+from ..errors import JobFailed
 from ..results import Recovery, Result, Startup
 from ..spec import Job
 from ..tiling import Plan
@@ -54,9 +55,15 @@ def assemble(
     outputs: list[str] = []
     sinks = list(workload.sinks.values())
     if passed is not False:
-        outputs = workload.finish(info.client) if isinstance(workload, Outputs) else []
+        try:
+            outputs = workload.finish(info.client) if isinstance(workload, Outputs) else []
+        except OSError as e:  # a write on a worker: its message names the key and the file
+            raise JobFailed(e.strerror or str(e)) from None
         for sink in sinks:
-            sink.commit()
+            try:
+                sink.commit()
+            except OSError as e:  # the folder removed, the disk full since the check
+                raise JobFailed(f"{sink.key}: could not write {sink.path}: {e.strerror or e}") from None
         outputs = [s.path for s in sinks if s.keep] + outputs
     # A worker that cannot answer is left out: its row says n/a rather than failing a finished job.
     allocators = info.client.run(close_allocator_window, workers=list(info.devices), on_error="ignore")

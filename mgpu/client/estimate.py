@@ -20,17 +20,14 @@ from typing import Any
 import dask.config
 
 from .. import config, roofline
-from ..cluster import ResolvedCluster, budget_for, expected_devices, resolve_cluster, scheduler_address
-from ..errors import JobInputError
 from ..sharing import share_rates
 from ..sizes import format_bytes
-from ..spec import Job, check_one_cluster
+from ..spec import Job
 from ..tiling import Plan
 from ..worker.device import DeviceFacts
-from ..worker.sources import check_output_room
 from ..workloads import get_workload_class
 from ..workloads.base import Estimates, HostBytes, Workload
-from .plan import check_outputs_distinct, plan_job, prepare
+from .preflight import preflight
 
 __all__ = ["DryRun", "Estimate", "as_json", "describe", "dry_run", "estimate", "local_ceilings"]
 
@@ -119,20 +116,9 @@ def dry_run(jobs: Sequence[Job]) -> list[DryRun]:
         whose workers are known only once connected.
     """
     config.load()  # the mgpu.* settings, checked as submit checks them
-    check_one_cluster(jobs)
-    resolved = resolve_cluster(jobs[0].cluster)
-    if resolved.scheduler:
-        raise JobInputError(
-            "--dry-run: plans for the cluster mgpu would start; the workers of "
-            f"{scheduler_address(resolved.scheduler)} are known only once connected "
-            "(leave out cluster.scheduler / --scheduler to see a plan for this machine)"
-        )
-    prepared = [prepare(job) for job in jobs]
-    check_outputs_distinct(prepared)
-    check_output_room([sink for p in prepared for sink in p.workload.sinks.values()])
-    devices = _expected(resolved)
-    budget = budget_for(resolved.memory_limit, devices)
-    plans = [plan_job(p, devices, budget, slots=True, spill=resolved.spill == "managed") for p in prepared]
+    checked = preflight(jobs, need_devices=True)
+    prepared, devices, plans = checked.prepared, checked.devices, checked.plans
+    assert devices is not None and plans is not None  # need_devices: known, and every job planned
     ceilings, source = local_ceilings(devices)
     at_once = bool(roofline.cpu_hosts(devices))
     shares = share_rates(ceilings, devices, roofline.ceiling_units())  # workers sharing a GPU split its rates
@@ -140,13 +126,6 @@ def dry_run(jobs: Sequence[Job]) -> list[DryRun]:
         DryRun(p.job, devices, plan, estimate(p.workload, plan, shares, at_once=at_once), source)
         for p, plan in zip(prepared, plans, strict=True)
     ]
-
-
-def _expected(resolved: ResolvedCluster) -> dict[str, DeviceFacts]:
-    devices = expected_devices(resolved)
-    if not devices:
-        raise JobInputError("cluster.devices: NVML could not describe the GPUs asked for; is the driver loaded?")
-    return devices
 
 
 def local_ceilings(devices: dict[str, DeviceFacts]) -> tuple[dict[str, dict[str, float]], str]:

@@ -13,28 +13,19 @@ from typing import Any
 from distributed import Client
 
 from .. import config, metrics
-from ..cluster import (
-    ClusterInfo,
-    budget_basis,
-    budget_for,
-    describe_workers,
-    expected_devices,
-    open_cluster,
-    resolve_cluster,
-    scheduler_address,
-)
+from ..cluster import ClusterInfo, ResolvedCluster, budget_basis, describe_workers, open_cluster
 from ..errors import JobFailed, JobInputError
+from ..paths import OutputClaims
 from ..results import Recovery, Result, Startup
 from ..roofline import ceiling_units, ceilings_at_once, ceilings_for
-from ..security import check_tls
 from ..sharing import share_rates
-from ..spec import Job, check_one_cluster
-from ..worker.sources import check_output_room
+from ..spec import Job
 from ..worker.tasks import open_allocator_window
 from ..workloads.base import TileRecord
 from .assemble import assemble, reference_beside
 from .estimate import estimate
-from .plan import Prepared, check_outputs_distinct, plan_job, prepare
+from .plan import Prepared, plan_job
+from .preflight import outputs_of, preflight
 from .submit import run_plan, warm_up
 from .watch import Events
 
@@ -68,20 +59,24 @@ def run_jobs(
     """
     events = events or Events()
     settings = config.load()  # the mgpu.* settings, checked once; the workers get these
-    check_one_cluster(jobs)
-    resolved = resolve_cluster(jobs[0].cluster, given_client=client is not None)
-    check_tls(scheduler_address(resolved.scheduler) if resolved.scheduler else None, security)
-    prepared = [prepare(job) for job in jobs]
-    check_outputs_distinct(prepared)
-    check_output_room([sink for p in prepared for sink in p.workload.sinks.values()])
-    # Every job is planned against the devices the cluster will have before it starts, so
-    # a job too large for them is refused with nothing started (a joined cluster's
-    # workers are known only once connected: its jobs are planned then, as every job is).
-    expected = expected_devices(resolved)
-    if expected:
-        budget = budget_for(resolved.memory_limit, expected)
-        for p in prepared:
-            plan_job(p, expected, budget, slots=True, spill=resolved.spill == "managed")
+    checked = preflight(jobs, given_client=client is not None, security=security)
+    resolved, prepared = checked.resolved, checked.prepared
+    claims = OutputClaims()
+    claims.take(out for p in prepared for out in outputs_of(p))
+    try:
+        return _run_checked(resolved, prepared, events, security, settings, client)
+    finally:
+        claims.release()
+
+
+def _run_checked(
+    resolved: ResolvedCluster,
+    prepared: list[Prepared],
+    events: Events,
+    security: Any,
+    settings: config.Settings,
+    client: Client | None,
+) -> list[Result]:
     t0 = time.perf_counter()
     results: list[Result] = []
     with open_cluster(resolved, security, settings, client) as info:
@@ -149,7 +144,10 @@ def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, clu
         marks.append(time.perf_counter())
         events.planned(plan)
         for sink in sinks:
-            sink.create()
+            try:
+                sink.create()
+            except OSError as e:  # the folder removed or made read-only since the check
+                raise JobFailed(f"{sink.key}: could not create {sink.partial}: {e.strerror or e}") from None
         resources = info.tile_resources(workload.concurrency)
         info.client.run(open_allocator_window, workers=list(info.devices), on_error="ignore")
         warm_up(info.client, workload, plan.tiles[0], list(info.devices), resources)

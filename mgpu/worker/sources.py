@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import JobFailed, JobInputError
+from ..paths import check_writable
 from ..sizes import format_bytes
 from . import io, kernels, transfer
 from .device import Device
@@ -145,8 +146,21 @@ class NpyInfo:
 def inspect_npy(path: str | Path, *, key: str) -> NpyInfo:
     """Read an ``.npy`` file's header; ``key`` names the job key in any error."""
     p = Path(path).expanduser()
-    if not p.is_file():
+    if not p.exists():
         raise ValueError(f"{key}: file {str(path)!r} does not exist")
+    if p.is_dir():
+        raise ValueError(f"{key}: {str(path)!r} is a directory; give an .npy file")
+    if not p.is_file():
+        raise ValueError(f"{key}: {str(path)!r} is not a regular file (a FIFO or device?); give an .npy file")
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(6)
+    except OSError as e:
+        raise ValueError(f"{key}: {str(path)!r} cannot be read: {e.strerror}") from None
+    if magic != b"\x93NUMPY":
+        raise ValueError(
+            f"{key}: {str(path)!r} is not an .npy file (it lacks the NumPy header); write it with numpy.save"
+        )
     try:
         arr = np.load(p, mmap_mode="r", allow_pickle=False)
     except Exception as e:  # numpy raises several types for a bad header
@@ -246,16 +260,13 @@ def check_output_path(path: str | Path, *, key: str, suffix: str, force: bool) -
     Raises
     ------
     JobInputError
-        If the suffix is wrong, the folder is missing, or the file exists without ``force``.
+        If the suffix is wrong, the path cannot be written (see :func:`mgpu.paths.check_writable`),
+        or the file exists without ``force``.
     """
     p = Path(path).expanduser()
     if p.suffix != suffix:
         raise JobInputError(f"{key}: {str(path)!r} must end in {suffix}")
-    if not p.parent.is_dir():
-        raise JobInputError(f"{key}: the folder {str(p.parent)!r} does not exist")
-    if p.exists() and not force:
-        raise JobInputError(f"{key}: {str(path)!r} already exists; remove it or pass --force")
-    return str(p.resolve())
+    return check_writable(p, key=key, force=force)
 
 
 def _npy_header(shape: tuple[int, ...], dtype: str) -> bytes:

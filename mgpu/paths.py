@@ -1,0 +1,182 @@
+"""Paths mgpu writes: checked before anything starts, and claimed by one job at a time.
+
+:func:`check_writable` refuses a path that could not be written (a directory, a folder
+that is missing or not writable, a read-only filesystem) with the key that names it.
+:class:`OutputClaims` takes a lock file beside each output, created atomically when the
+job starts and removed when it ends: a second job for the same output is refused,
+naming the job (its pid and host) that holds it; the claim of a process that died
+without removing it is taken over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import socket
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import psutil
+
+from .errors import JobFailed, JobInputError
+
+__all__ = ["OutputClaims", "check_writable", "claim_path", "holder_of", "write_text"]
+
+
+def check_writable(path: str | Path, *, key: str, force: bool = True) -> str:
+    """``path`` checked as a file mgpu will create or replace; returns it absolute.
+
+    Parameters
+    ----------
+    key
+        The job key or flag that names the path (in every error).
+    force
+        Whether an existing file may be replaced.
+
+    Raises
+    ------
+    JobInputError
+        If the path is a directory or other non-file, its folder is missing, is not a
+        folder, or cannot be written (permissions, a read-only filesystem), or the file
+        exists and ``force`` is false.
+    """
+    p = Path(path).expanduser()
+    shown = str(path)
+    if p.is_dir():
+        raise JobInputError(f"{key}: {shown!r} is a directory; give the path of a file")
+    if p.exists() and not p.is_file():
+        raise JobInputError(f"{key}: {shown!r} is not a regular file (a FIFO or device?)")
+    if p.exists() and not force:
+        raise JobInputError(f"{key}: {shown!r} already exists; remove it or pass --force")
+    folder = p.parent
+    if not folder.exists():
+        raise JobInputError(f"{key}: the folder {str(folder)!r} does not exist")
+    if not folder.is_dir():
+        raise JobInputError(f"{key}: {str(folder)!r} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        why = "is on a read-only filesystem" if _read_only(folder) else "is not writable by this user"
+        raise JobInputError(f"{key}: the folder {str(folder)!r} {why}; write {p.name!r} elsewhere")
+    return str(p.resolve())
+
+
+def _read_only(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def write_text(path: str | Path, text: str, *, key: str) -> None:
+    """Write ``text`` to ``path`` (through a temporary beside it, renamed over it).
+
+    Raises
+    ------
+    JobFailed
+        One line naming the key, the path and the OS error (a full disk, a folder removed).
+    """
+    p = Path(path).expanduser()
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.partial")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, p)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise JobFailed(f"{key}: could not write {p}: {e.strerror or e}") from None
+
+
+def claim_path(path: str) -> str:
+    """The lock file that claims ``path``: hidden, beside it."""
+    p = Path(path)
+    return str(p.with_name(f".{p.name}.mgpu-claim"))
+
+
+def holder_of(claim: str) -> dict[str, object] | None:
+    """Who holds ``claim`` (``{"pid", "host", "job"}``), or None if nobody alive does.
+
+    A claim left by a process of this host that no longer runs is no one's.
+    """
+    try:
+        with open(claim) as f:
+            holder = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {"pid": "?", "host": "?", "job": "?"}  # being written, or not ours to read
+    if holder.get("host") == socket.gethostname() and not _alive(holder.get("pid")):
+        return None
+    return dict(holder)
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class OutputClaims:
+    """The claims of one run's outputs, taken together (all or none) and released together."""
+
+    def __init__(self) -> None:
+        self.taken: list[str] = []
+
+    def take(self, outputs: Iterable[tuple[str, str, str]]) -> None:
+        """Claim each ``(path, key, job name)``; on a refusal, release what was taken.
+
+        Raises
+        ------
+        JobInputError
+            Naming the key, the path and the job (pid, host) that holds it.
+        """
+        try:
+            for path, key, job in outputs:
+                self._take_one(path, key, job)
+        except BaseException:
+            self.release()
+            raise
+
+    def _take_one(self, path: str, key: str, job: str) -> None:
+        claim = claim_path(path)
+        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "job": job})
+        for _ in range(3):
+            try:
+                fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = holder_of(claim)
+                if holder is None:  # its process died: take it over
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(claim)
+                    continue
+                raise JobInputError(
+                    f"{key}: {path} is being written by job {holder.get('job')!r} (pid {holder.get('pid')} on "
+                    f"{holder.get('host')}); wait for it to end or give this job another output"
+                ) from None
+            except OSError as e:
+                if e.errno in (errno.EACCES, errno.EROFS, errno.ENOENT, errno.ENOSPC):
+                    raise JobInputError(f"{key}: cannot write beside {path}: {e.strerror}") from None
+                raise
+            with os.fdopen(fd, "w") as f:
+                f.write(record)
+            self.taken.append(claim)
+            return
+        raise JobInputError(f"{key}: {path} is claimed and released by other jobs over and over; try again")
+
+    def release(self) -> None:
+        for claim in self.taken:
+            with contextlib.suppress(OSError):
+                os.unlink(claim)
+        self.taken = []
+
+    @contextlib.contextmanager
+    def held(self, outputs: Iterable[tuple[str, str, str]]) -> Iterator[OutputClaims]:
+        """Hold the claims for the block."""
+        self.take(outputs)
+        try:
+            yield self
+        finally:
+            self.release()
