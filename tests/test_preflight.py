@@ -163,3 +163,35 @@ def test_a_claim_left_by_a_dead_process_is_taken_over(tmp_path):
         with pytest.raises(JobInputError, match="job 'mine'"):
             OutputClaims().take([(out, "params.output", "other")])
     assert not Path(claim_path(out)).exists()  # released at the end
+
+
+def test_a_write_that_fails_later_is_one_line_naming_the_path(tmp_path):
+    from mgpu.errors import JobFailed
+    from mgpu.paths import write_text
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    target = gone / "r.json"
+    gone.rmdir()  # removed between the check and the write
+    with pytest.raises(JobFailed) as e:
+        write_text(target, "{}", key="--json")
+    assert str(e.value) == f"--json: could not write {target}: No such file or directory"
+
+
+@pytest.mark.parametrize(
+    "bound,warned",
+    [("127.0.0.1:8787", False), ("localhost:8787", False), ("0.0.0.0:8787", True), ("10.1.2.3:80", True)],
+)
+def test_the_dashboard_is_told_where_it_listens_and_warned_beyond_localhost(capsys, bound, warned):
+    from rich.console import Console
+
+    from mgpu.cli import _tell_dashboard
+
+    class Info:
+        dashboard_link = "http://127.0.0.1:8787/status"
+        dashboard_address = (bound, f"http://{bound}/status")
+
+    _tell_dashboard(Console(file=sys.stdout, width=200), Info())
+    out, err = capsys.readouterr()
+    assert f"listening on {bound}" in out
+    assert ("anyone who can reach this host can see it" in err) is warned

@@ -98,6 +98,15 @@ def test_report_tabulates_saved_results(results, tmp_path):
     assert "report.csv" in res.stderr and (tmp_path / "rep" / "REPORT.md").read_text().count("| ") >= 2
 
 
+def test_report_reads_the_list_submit_json_writes_for_several_jobs(results, tmp_path):
+    listed = tmp_path / "jobs.json"
+    listed.write_text(json.dumps([json.loads(p.read_text()) for p in results]))
+    res = invoke("report", listed, "--out", tmp_path / "rep")
+    assert res.code == 0, res.output
+    rows = json.loads((tmp_path / "rep" / "report.json").read_text())["rows"]
+    assert len(rows) == 2 and [r["repeat"] for r in rows] == [0, 1] and {r["source"] for r in rows} == {"jobs.json"}
+
+
 def test_report_compares_allocators_side_by_side(results, tmp_path):
     other = copy.deepcopy(json.loads(results[0].read_text()))
     other["env"]["allocator"] = "async"
