@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import config  # registers mgpu.yaml's defaults with Dask, as importing distributed does its own
-from .errors import JobFailed, JobInputError
+from .signals import exit_on_signals_while_starting
+
+exit_on_signals_while_starting()  # the command only: a Ctrl-C during its imports is one line
+
+from . import config  # noqa: E402  # registers mgpu.yaml's defaults with Dask, as importing distributed does its own
+from .errors import JobFailed, JobInputError  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -629,5 +629,19 @@ def _wait_for_interrupt() -> None:
 
 
 def main() -> None:
-    """Entry point of ``mgpu`` and ``python -m mgpu``."""
-    cli(prog_name="mgpu")
+    """Entry point of ``mgpu`` and ``python -m mgpu``.
+
+    Ctrl-C and SIGTERM end any command with one line and exit 130 or 143: a run stops its
+    tasks and closes its cluster first (see :mod:`mgpu.signals`); click's own handling would
+    print "Aborted!" and exit 1.
+    """
+    with cancel_on_signals():
+        try:
+            code = cli.main(prog_name="mgpu", standalone_mode=False)
+        except click.exceptions.Abort as e:
+            signum = e.__cause__.signum if isinstance(e.__cause__, Interrupted) else signal.SIGINT
+            _fail(f"interrupted ({signal.Signals(signum).name})", 128 + signum)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -12,6 +12,7 @@ import os
 import re
 import socket
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import psutil
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, SpecCluster
 
 from . import config
 from .errors import JobInputError
@@ -50,6 +51,11 @@ __all__ = [
 
 # The per-device budget when memory_limit is "auto": room for the allocator and CUDA.
 AUTO_BUDGET = {"cuda": 0.8, "cpu": 0.5}
+
+# How long closing a cluster may take before its workers are killed, after a job that
+# ended well or not (stopped by Ctrl-C or SIGTERM, mgpu must end within a few seconds even
+# with a worker stopped or hung).
+CLOSE_S = {False: 10.0, True: 3.0}
 
 # Each worker mgpu starts offers one unit of this Dask resource: a tile task takes
 # 1/concurrency of it, so a workload decides how many of its tiles share a device at once.
@@ -414,8 +420,48 @@ def _quiet_teardown(client: Client) -> None:
     with tiles still running, would print Dask's teardown (cancelled tasks, a heartbeat to
     a closed scheduler, with tracebacks) under mgpu's own message."""
     with contextlib.suppress(Exception):
-        client.run(_silence_distributed_logs)
-        client.run(_silence_distributed_logs, nanny=True)
+        client.run(_silence_distributed_logs, callback_timeout=1)
+        client.run(_silence_distributed_logs, nanny=True, callback_timeout=1)
+
+
+def _start(rc: ResolvedCluster) -> Any:
+    with warnings.catch_warnings():
+        # A taken dashboard port moves to a free one; the address printed is the real one.
+        warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)
+        return _start_cuda(rc) if rc.backend == "cuda" else _start_cpu(rc)
+
+
+def _close_within(seconds: float, client: Client | None, cluster: Any, *, quiet: bool) -> None:
+    """Close the client and the cluster; a cluster not closed within ``seconds`` (a worker
+    stopped or hung never answers its nanny) has its worker processes killed."""
+
+    def close() -> None:
+        if client is not None:
+            if quiet and cluster is not None:
+                _quiet_teardown(client)
+            with contextlib.suppress(Exception):
+                client.close(timeout=seconds)
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close(timeout=seconds)
+
+    closer = threading.Thread(target=close, name="mgpu-close", daemon=True)
+    closer.start()
+    closer.join(seconds)
+    if closer.is_alive() and cluster is not None:
+        _kill_workers(cluster)
+        closer.join(1.0)
+
+
+def _kill_workers(cluster: Any) -> None:
+    """SIGKILL the worker processes of a cluster mgpu started (children of this process)."""
+    ours = {p.pid: p for p in psutil.Process().children(recursive=True)}
+    for nanny in list(getattr(cluster, "workers", {}).values()):
+        pid = getattr(getattr(nanny, "process", None), "pid", None)
+        if pid in ours:
+            for proc in [*ours[pid].children(recursive=True), ours[pid]]:
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
 
 
 @contextlib.contextmanager
@@ -433,15 +479,20 @@ def open_cluster(
     """
     settings = settings or config.load()
     cluster = None
+    half_started: list[Any] = []
     given = client is not None
     try:
         if client is None and rc.scheduler:
             client = _join(rc, security)
         elif client is None:
-            with warnings.catch_warnings():
-                # A taken dashboard port moves to a free one; the address printed is the real one.
-                warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)
-                cluster = _start_cuda(rc) if rc.backend == "cuda" else _start_cpu(rc)
+            before = set(SpecCluster._instances)
+            try:
+                cluster = _start(rc)
+            except BaseException:
+                # Stopped (Ctrl-C) or failed while it started: the cluster exists but was
+                # never returned; it is closed below like any other.
+                half_started = [c for c in SpecCluster._instances if c not in before]
+                raise
             client = Client(cluster)
         client.register_plugin(SettingsSetup(settings))
         if cluster is not None:
@@ -471,9 +522,10 @@ def open_cluster(
         # Stopped (Ctrl-C, SIGTERM: signals.Interrupted) or failed: tiles may still be running.
         stopped = sys.exc_info()[1] is not None
         with deferred():  # a signal now would leave worker processes behind
-            if client is not None and not given:
-                if stopped and cluster is not None:
-                    _quiet_teardown(client)
-                client.close()
-            if cluster is not None:
-                cluster.close()
+            _close_within(CLOSE_S[stopped], client if not given else None, cluster, quiet=stopped)
+            for stray in half_started:
+                _close_within(CLOSE_S[stopped], None, stray, quiet=False)
+            if half_started:
+                # Its nannies' start, cut short, would be reported at exit as tasks never awaited.
+                logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+                logging.getLogger("distributed").setLevel(logging.CRITICAL)

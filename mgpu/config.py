@@ -131,8 +131,20 @@ class Recovery(_Section):
     """``mgpu.recovery``: what a job does when it loses workers."""
 
     wait_for_workers: float = 30.0  # seconds
+    # A worker that finishes none of its tiles for slack x a tile's estimated time (and at
+    # least the floor) is taken as stuck: retired, its tiles run elsewhere.
+    tile_deadline_slack: float = 5.0
+    tile_deadline_floor: float = 10.0  # seconds
+    tile_deadline_unestimated: float = 600.0  # seconds, where no estimate exists
 
-    @field_validator("wait_for_workers", mode="before")
+    @field_validator("tile_deadline_slack", mode="before")
+    @classmethod
+    def _slack(cls, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:
+            raise ValueError(f"{value!r} is not a factor of at least 1 (e.g. 5)")
+        return float(value)
+
+    @field_validator("wait_for_workers", "tile_deadline_floor", "tile_deadline_unestimated", mode="before")
     @classmethod
     def _seconds(cls, value: Any) -> float:
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 __all__ = [
     "Allocator",
@@ -146,6 +146,8 @@ class Timeline(BaseModel):
 class Recovery(BaseModel):
     lost_workers: list[str] = []  # addresses of workers that left the cluster during the job
     recomputed_tiles: list[int] = []  # tiles resubmitted to other workers because theirs was lost
+    # Each lost worker's process as tile records name it ("host:pid") -> its address; not saved.
+    lost_processes: dict[str, str] = Field(default_factory=dict, exclude=True)
 
 
 class Result(BaseModel):

@@ -15,13 +15,21 @@ workers are mgpu's to close, not the terminal's.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["WORKER_PRELOAD", "Interrupted", "cancel_on_signals", "dask_setup", "deferred"]
+__all__ = [
+    "WORKER_PRELOAD",
+    "Interrupted",
+    "cancel_on_signals",
+    "dask_setup",
+    "deferred",
+    "exit_on_signals_while_starting",
+]
 
 _HANDLED = (signal.SIGINT, signal.SIGTERM)
 
@@ -86,6 +94,27 @@ def deferred() -> Iterator[None]:
             signal.signal(sig, handler)
         if caught:
             signal.raise_signal(caught[0])
+
+
+def _exit_now(signum: int, frame: Any) -> None:
+    # Nothing is started yet (imports, reading the job files): nothing to clean up.
+    print(f"mgpu: interrupted ({signal.Signals(signum).name}) before anything started", file=sys.stderr)
+    os._exit(128 + signum)
+
+
+def exit_on_signals_while_starting() -> None:
+    """In the ``mgpu`` command, from its first import: Ctrl-C or SIGTERM ends it at once with
+    one line and exit 130/143 (no traceback) until a run installs :func:`cancel_on_signals`.
+
+    Only for the command: imported as a library, mgpu leaves the signals to its caller.
+    """
+    argv = getattr(sys, "orig_argv", sys.argv)
+    as_module = any(a == "-m" and b == "mgpu" for a, b in zip(argv, argv[1:], strict=False))
+    if not (as_module or os.path.basename(sys.argv[0]) == "mgpu"):
+        return
+    if threading.current_thread() is threading.main_thread():
+        for sig in _HANDLED:
+            signal.signal(sig, _exit_now)
 
 
 def dask_setup(worker: Any) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import statistics
 from pathlib import Path
 
@@ -54,7 +53,13 @@ def test_parse_sizes_reads_keys_and_values():
             parse_sizes(bad)
 
 
-def test_strong_sweep_keeps_the_size_and_sets_the_device_count(tmp_path):
+@pytest.fixture
+def eight_cores(monkeypatch):
+    """A machine of eight cores (CPU workers are one a core; a sweep checks its counts)."""
+    monkeypatch.setattr("mgpu.cluster.os.cpu_count", lambda: 8)
+
+
+def test_strong_sweep_keeps_the_size_and_sets_the_device_count(tmp_path, eight_cores):
     job = write_job(tmp_path / "mm.yaml", {"workload": "matmul", "params": {"m": 64, "n": 32, "k": 16}})
     runs = plan_sweep(job, [1, 2, 4], 3)
     assert [(r.devices, r.repeat) for r in runs] == [(n, i) for n in (1, 2, 4) for i in range(3)]
@@ -63,7 +68,7 @@ def test_strong_sweep_keeps_the_size_and_sets_the_device_count(tmp_path):
     assert {r.mode for r in runs} == {"strong"}
 
 
-def test_weak_sweep_grows_the_workload_default_or_the_jobs_scale_grow(tmp_path):
+def test_weak_sweep_grows_the_workload_default_or_the_jobs_scale_grow(tmp_path, eight_cores):
     job = write_job(tmp_path / "mm.yaml", {"workload": "matmul", "params": {"m": 64, "n": 32, "k": 16}})
     runs = plan_sweep(job, [1, 2, 8], 1, weak=True)
     # matmul grows m by default: the work (m*n*k) grows with the device count.
@@ -174,7 +179,9 @@ def sweep_123(tmp_path_factory):
     """``mgpu scale`` over 1, 2 and 3 CPU workers, 2 runs each."""
     tmp = tmp_path_factory.mktemp("sweep")
     job = write_job(tmp / "dot.yaml", DOT)
-    res = invoke("scale", job, "--devices", "3,1,2", "--repeat", "2", "--out", tmp / "out")
+    with pytest.MonkeyPatch.context() as mp:  # three workers, whatever the cores (one a core)
+        mp.setattr("mgpu.cluster.os.cpu_count", lambda: 8)
+        res = invoke("scale", job, "--devices", "3,1,2", "--repeat", "2", "--out", tmp / "out")
     return res, tmp / "out"
 
 
@@ -244,9 +251,8 @@ def test_sweep_refuses_to_overwrite_a_sweep_without_force(sweep_123, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif((os.cpu_count() or 1) < 8, reason="CPU workers are one a core: needs 8 cores")
-def test_sweep_on_4_and_8_cpu_workers(tmp_path):
-    """The planner and the sweep work for any device count the machine has."""
+def test_sweep_on_4_and_8_cpu_workers(tmp_path, eight_cores):
+    """The planner and the sweep work for any device count."""
     job = write_job(
         tmp_path / "mm.yaml",
         {

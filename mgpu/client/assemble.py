@@ -65,8 +65,14 @@ def assemble(
             except OSError as e:  # the folder removed, the disk full since the check
                 raise JobFailed(f"{sink.key}: could not write {sink.path}: {e.strerror or e}") from None
         outputs = [s.path for s in sinks if s.keep] + outputs
-    # A worker that cannot answer is left out: its row says n/a rather than failing a finished job.
-    allocators = info.client.run(close_allocator_window, workers=list(info.devices), on_error="ignore")
+    # Only the workers left, and within a bound: a broadcast to a lost worker's address waits
+    # out Dask's connect timeout, and a stuck one never answers. A worker that cannot answer
+    # is left out: its row says n/a rather than failing a finished job.
+    live = [w for w in info.devices if w not in recovery.lost_workers]
+    try:
+        allocators = info.client.run(close_allocator_window, workers=live, on_error="ignore", callback_timeout=10)
+    except TimeoutError:
+        allocators = {}
     wall_s = time.perf_counter() - t0
     return build_result(
         job,

@@ -9,12 +9,16 @@ the same block of any output again.
 
 from __future__ import annotations
 
+import logging
+import os
 import queue
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
 from distributed import CancelledError
 from distributed import TimeoutError as DaskTimeoutError
 
@@ -22,7 +26,7 @@ from .. import config
 from ..errors import JobFailed, JobInputError
 from ..tiling import Tile
 
-__all__ = ["TileTracker"]
+__all__ = ["TileTracker", "retire_worker"]
 
 # How often the scheduler is asked which workers remain, and how long the client waits for
 # one record before asking again (its data may have gone with its worker).
@@ -45,11 +49,41 @@ def task_failure(key: str, worker: str | None, error: BaseException) -> str:
     return f"{key} failed on {where}: {name}: {error}"
 
 
+def _remove(address: str, dask_scheduler: Any = None) -> int | None:
+    """On the scheduler: forget a stuck worker (its tasks go back to waiting); its pid."""
+    ws = dask_scheduler.workers.get(address)
+    if ws is None:
+        return None
+    pid = ws.pid
+    dask_scheduler.loop.add_callback(dask_scheduler.remove_worker, address, stimulus_id="mgpu-stuck", close=True)
+    return int(pid) if pid else None
+
+
+def retire_worker(client: Any, address: str, *, ours: bool) -> None:
+    """Take a stuck worker out of the cluster: the scheduler forgets it, and a worker
+    process of a cluster mgpu started (a child of this process) is killed, so that closing
+    the cluster does not wait on it. Never raises: a worker already gone is retired."""
+    try:
+        pid = client.run_on_scheduler(_remove, address, callback_timeout=10)
+    except Exception:
+        return
+    if ours and pid:
+        # Its nanny starts another in its place, with a warning meant for Dask's own users.
+        logging.getLogger("distributed.nanny").setLevel(logging.ERROR)
+        try:
+            children = {p.pid for p in psutil.Process().children(recursive=True)}
+            if pid in children:
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, psutil.Error):
+            pass
+
+
 @dataclass
 class _InFlight:
     tile: Tile
     worker: str | None
     future: Any
+    since: float = field(default_factory=time.monotonic)  # when it was submitted
 
 
 @dataclass
@@ -65,18 +99,30 @@ class TileTracker:
         ``worker`` (``attempt`` makes the key of a resubmitted tile new).
     on_lost
         Called with a lost worker's address and the indices of the tiles resubmitted.
+    deadline_s
+        How long a worker with tiles in flight may go without finishing one (from its last
+        finished tile, or its first tile's submission) before it is taken as stuck; None: never.
+    retire
+        Called with a stuck worker's address to take it out of the cluster (it is then lost).
     """
 
     client: Any
     submit_task: Callable[[Tile, str | None, int], Any]
     on_lost: Callable[[str, list[int]], None] = lambda worker, tiles: None
+    deadline_s: float | None = None
+    retire: Callable[[str], None] = lambda worker: None
     lost_workers: list[str] = field(default_factory=list)
+    stuck_workers: list[str] = field(default_factory=list)
+    # Each lost worker's process ("host:pid", as tile records name it) -> its address.
+    lost_processes: dict[str, str] = field(default_factory=dict)
     recomputed_tiles: list[int] = field(default_factory=list)
     _in_flight: dict[str, _InFlight] = field(default_factory=dict)
     _done: queue.Queue = field(default_factory=queue.Queue)
     _known: set[str] = field(default_factory=set)
     _last_check: float = field(default_factory=time.monotonic)
     _no_workers_since: float | None = None
+    _progress: dict[str, float] = field(default_factory=dict)  # worker -> when it last finished a tile
+    _processes: dict[str, str] = field(default_factory=dict)  # worker -> "host:pid"
 
     def __post_init__(self) -> None:
         self._known = set(self._workers())
@@ -106,9 +152,13 @@ class TileTracker:
                 record = self._record(entry)
                 if record is not None:
                     del self._in_flight[fut.key]
+                    if entry.worker is not None:
+                        self._progress[entry.worker] = time.monotonic()
+                        self._processes[entry.worker] = getattr(record, "worker", "")
                     yield entry.tile, entry.worker, record
             if time.monotonic() - self._last_check >= _CHECK_S:
                 self.check_workers()
+                self.check_deadlines()
 
     def cancel(self) -> None:
         """Cancel every tile still in flight (on failure, or when mgpu is interrupted)."""
@@ -141,13 +191,47 @@ class TileTracker:
         except Exception as e:
             raise JobFailed(f"lost the scheduler: {type(e).__name__}: {e}") from e
 
-    def check_workers(self) -> None:
-        """Ask the scheduler which workers remain; resubmit tiles placed on any that left."""
+    def check_deadlines(self) -> None:
+        """Retire a worker that has finished none of its tiles within the deadline; its
+        tiles go to the others as a lost worker's do.
+
+        Raises
+        ------
+        JobFailed
+            If no other worker is left to take its tiles.
+        """
+        if self.deadline_s is None:
+            return
+        now = time.monotonic()
+        waiting: dict[str, float] = {}
+        for e in self._in_flight.values():
+            if e.worker is not None:
+                waiting[e.worker] = min(waiting.get(e.worker, e.since), e.since)
+        for worker, first in sorted(waiting.items()):
+            quiet = now - max(first, self._progress.get(worker, first))
+            if quiet < self.deadline_s:
+                continue
+            others = [w for w in self._known if w != worker and w not in self.stuck_workers]
+            if not others:
+                raise JobFailed(
+                    f"worker {worker} finished no tile for {quiet:.0f} s, past its tiles' deadline of "
+                    f"{self.deadline_s:.0f} s (it may be hung or stopped), and no other worker is left to take them"
+                )
+            self.stuck_workers.append(worker)
+            self.retire(worker)
+            self.check_workers(gone={worker})
+
+    def check_workers(self, gone: set[str] | None = None) -> None:
+        """Ask the scheduler which workers remain (less ``gone``, retired here); resubmit
+        tiles placed on any that left."""
         self._last_check = time.monotonic()
-        live = self._workers()
+        live = [w for w in self._workers() if w not in (gone or set()) and w not in self.stuck_workers]
         for worker in sorted(self._known - set(live)):
             self.lost_workers.append(worker)
+            if worker in self._processes:
+                self.lost_processes[self._processes[worker]] = worker
         self._known = set(live)
+
         if not live and self._in_flight:
             since = self._no_workers_since = self._no_workers_since or self._last_check
             if self._last_check - since >= self._patience:

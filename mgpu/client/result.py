@@ -54,8 +54,9 @@ def build_result(
 ) -> Result:
     """Fold the tiles' records into the Result.
 
-    ``compute_s`` is the longest span, on any one worker's own clock, from its first tile's
-    start to its last tile's end: cluster start-up is out, input generation, checks and
+    ``compute_s`` is the longest span, on any one host's clock, from its first tile's
+    start to its last tile's end (a worker lost and its tiles recomputed on another are in
+    one span): cluster start-up is out, input generation, checks and
     idle gaps between tiles are in. Throughput is all tiles' work over that span.
     ``allocators`` (worker address -> figures, see :mod:`mgpu.memory.stats`) fill each
     row's allocator and its peak memory. ``panel_records`` (panels made before the tiles
@@ -65,7 +66,7 @@ def build_result(
     by_worker: dict[tuple[str, int], list[TileRecord]] = defaultdict(list)
     for r in [*records, *(panel_records or [])]:
         by_worker[r.worker, r.device].append(r)
-    where = _record_workers(info)
+    where = _record_workers(info, recovery.lost_processes if recovery else {})
     worker_rows: list[DeviceRow] = []
     by_device: dict[str, list[TileRecord]] = defaultdict(list)
     device_workers: dict[str, list[str]] = defaultdict(list)
@@ -87,7 +88,12 @@ def build_result(
         )
     worker_rows.sort(key=lambda d: (d.host, d.id, d.worker))
     rows.sort(key=lambda d: (d.host, d.id, d.uuid))
-    compute_s = max((d.span_s for d in rows), default=0.0)
+    # From the first tile's start to the last one's end on each host's clock (workers of one
+    # host share it; hosts' clocks may differ): the longest host's.
+    by_host: dict[str, list[TileRecord]] = defaultdict(list)
+    for r in [*records, *(panel_records or [])]:
+        by_host[r.worker.rsplit(":", 1)[0]].append(r)
+    compute_s = max((max(r.stop for r in rs) - min(r.start for r in rs) for rs in by_host.values()), default=0.0)
     work = sum(r.work for r in records)
     errors = [r.verify_error for r in records if r.verify_error is not None]
     if job.verify:
@@ -161,16 +167,22 @@ def build_result(
     )
 
 
-def _record_workers(info: ClusterInfo) -> Callable[[TileRecord], tuple[str, DeviceFacts | None]]:
+def _record_workers(
+    info: ClusterInfo, processes: dict[str, str] | None = None
+) -> Callable[[TileRecord], tuple[str, DeviceFacts | None]]:
     """What finds the worker (address, facts) that made a record, by its host, process and
     device ordinal (workers of one GPU differ in process, workers of one process in device;
-    by host and ordinal alone for facts that name no process)."""
+    by host and ordinal alone for facts that name no process). ``processes`` ("host:pid"
+    -> address, see :class:`~mgpu.results.Recovery`) names the workers that joined during
+    the job (one replacing a lost worker on its device), which the facts do not know."""
     by_pid = {(f.host, f.pid, f.id): (addr, f) for addr, f in info.devices.items() if f.pid}
     by_id = {(f.host, f.id): (addr, f) for addr, f in info.devices.items()}
 
     def where(r: TileRecord) -> tuple[str, DeviceFacts | None]:
         host, _, pid = r.worker.rpartition(":")
         found = by_pid.get((host, int(pid), r.device)) if pid.isdigit() else None
+        if found is None and r.worker in (processes or {}):
+            return (processes or {})[r.worker], by_id.get((host, r.device), ("?", None))[1]
         return found or by_id.get((host, r.device)) or ("?", None)
 
     return where

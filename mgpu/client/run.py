@@ -6,6 +6,7 @@ outputs written by them.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +27,7 @@ from .assemble import assemble, reference_beside
 from .estimate import estimate
 from .plan import Prepared, plan_job
 from .preflight import outputs_of, preflight
+from .recover import retire_worker
 from .submit import run_plan, warm_up
 from .watch import Events
 
@@ -123,6 +125,18 @@ def run_job(job: Job, events: Events | None = None, *, security: Any = None, cli
     return run_jobs([job], events, security=security, client=client)[0]
 
 
+def tile_deadline(expected: Any, plan: Any, workers: int, concurrency: int) -> float:
+    """How long a worker with tiles in flight may go without finishing one before it is
+    taken as stuck: ``mgpu.recovery``'s slack times a tile's share of the estimate (its
+    worker runs ``concurrency`` at once), never below the floor; without an estimate, the
+    setting for that."""
+    settings = config.load().recovery
+    if expected is None or not plan.tiles:
+        return settings.tile_deadline_unestimated
+    tile_s = expected.seconds * workers * concurrency / len(plan.tiles)
+    return max(settings.tile_deadline_floor, settings.tile_deadline_slack * tile_s)
+
+
 def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, cluster_s: float) -> Result:
     """Plan, run, check and commit one job on a connected cluster; outputs are kept only if it passed."""
     job, workload = p.job, p.workload
@@ -150,7 +164,17 @@ def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, clu
                 raise JobFailed(f"{sink.key}: could not create {sink.partial}: {e.strerror or e}") from None
         resources = info.tile_resources(workload.concurrency)
         info.client.run(open_allocator_window, workers=list(info.devices), on_error="ignore")
-        warm_up(info.client, workload, plan.tiles[0], list(info.devices), resources)
+        deadline_s = tile_deadline(expected, plan, len(info.devices), workload.concurrency)
+        retire = functools.partial(retire_worker, info.client, ours=info.owned)
+        warm_up(
+            info.client,
+            workload,
+            plan.tiles[0],
+            list(info.devices),
+            resources,
+            deadline_s=deadline_s,
+            retire=retire,
+        )
         marks.append(time.perf_counter())
 
         def tile_done(record: TileRecord) -> None:
@@ -171,7 +195,10 @@ def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, clu
                 resources,
                 panel_records,
                 {addr: f.physical for addr, f in info.devices.items()},
+                deadline_s=deadline_s,
+                retire=retire,
             )
+
             events.panels_made(panel_records)
             if reference is not None:
                 workload.judge(records, reference.result())

@@ -7,13 +7,17 @@ back; inputs are made or read by the workers.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import uuid
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from distributed import wait
 from distributed.comm import get_address_host
 
+from ..errors import JobFailed
 from ..results import Recovery
 from ..tiling import Plan, Tile
 from ..worker.tasks import end_job, lost_stepped_tile, make_panel, run_tile, step_tile, warmup
@@ -28,10 +32,25 @@ _DYNAMIC_AHEAD = 2
 
 
 def warm_up(
-    client: Any, workload: Workload, tile: Tile, workers: list[str], resources: dict[str, float] | None = None
+    client: Any,
+    workload: Workload,
+    tile: Tile,
+    workers: list[str],
+    resources: dict[str, float] | None = None,
+    *,
+    deadline_s: float | None = None,
+    retire: Callable[[str], None] = lambda worker: None,
 ) -> None:
     """Run each worker's warm-up once before the timed tiles (compiles kernels, makes handles);
-    ``tile`` is one of the plan's, whose size and args the warm-up follows."""
+    ``tile`` is one of the plan's, whose size and args the warm-up follows. A worker whose
+    warm-up has not ended within ``deadline_s`` is stuck: ``retire`` takes it out (its
+    tiles then go to the others, as a lost worker's do).
+
+    Raises
+    ------
+    JobFailed
+        If the warm-ups have not ended within twice ``deadline_s``.
+    """
     # Loosely placed: a worker lost meanwhile must not leave its warm-up waiting forever.
     futures = [
         client.submit(
@@ -46,7 +65,24 @@ def warm_up(
         )
         for i, w in enumerate(workers)
     ]
+    if not _ended(futures, deadline_s):
+        for worker, fut in zip(workers, futures, strict=True):
+            if not fut.done():
+                retire(worker)
+        # Loosely placed: the retired workers' warm-ups run on the others.
+        if not _ended(futures, deadline_s):
+            stuck = [w for w, f in zip(workers, futures, strict=True) if not f.done()]
+            raise JobFailed(f"the warm-up did not end within {2 * (deadline_s or 0):.0f} s on {', '.join(stuck)}")
     client.gather(futures)
+
+
+def _ended(futures: list[Any], timeout: float | None) -> bool:
+    """Whether every future ended (done, failed or cancelled) within ``timeout`` seconds."""
+    try:
+        wait(futures, timeout=timeout)
+    except TimeoutError:
+        return False
+    return True
 
 
 def tile_places(plan: Plan) -> dict[int, int]:
@@ -122,6 +158,18 @@ def submit_steps(
     return last
 
 
+# How long releasing a job's buffers on every worker may take (after Ctrl-C: the user waits):
+# a stuck worker (one that never answers) must not keep a job from ending.
+_RELEASE_S = {False: 10.0, True: 1.0}
+
+
+def _on_every_worker(client: Any, fn: Callable[..., Any], *args: Any) -> None:
+    """``fn(*args)`` on every worker the scheduler has; one that does not answer in time is left be."""
+    interrupted = isinstance(sys.exc_info()[1], KeyboardInterrupt)
+    with contextlib.suppress(Exception):
+        client.run(fn, *args, on_error="ignore", callback_timeout=_RELEASE_S[interrupted])
+
+
 def run_plan(
     client: Any,
     workload: Workload,
@@ -132,6 +180,8 @@ def run_plan(
     resources: dict[str, float] | None = None,
     panel_records: list[TileRecord] | None = None,
     devices: Mapping[str, str] | None = None,
+    deadline_s: float | None = None,
+    retire: Callable[[str], None] = lambda worker: None,
 ) -> list[TileRecord]:
     """Submit every tile where the plan places it and gather the records.
 
@@ -144,6 +194,8 @@ def run_plan(
     if given, receives the lost workers and the recomputed tiles; ``panel_records``, if
     given, the records of the panels' making (their time and bytes belong to the job);
     ``devices`` (worker address -> its physical device) tells which workers share a GPU.
+    A worker that finishes no tile for ``deadline_s`` is stuck: ``retire`` takes it out and
+    its tiles go to the others (see :class:`~mgpu.client.recover.TileTracker`).
 
     Raises
     ------
@@ -200,7 +252,7 @@ def run_plan(
 
     records: list[TileRecord] = []
     pending: deque[Tile] = deque()
-    tracker = TileTracker(client, submit, on_lost)
+    tracker = TileTracker(client, submit, on_lost, deadline_s=deadline_s, retire=retire)
     try:
         if plan.placement == "static":
             for t in plan.tiles:
@@ -228,9 +280,10 @@ def run_plan(
         if stepped or panel_futures:
             # Every tile has ended: each worker closes what it opened of the others' (panels,
             # exchange buffers) and drops its stepped tiles, then (once all have) frees its own.
-            client.run(end_job, token, "close")
-            client.run(end_job, token, "free")
+            _on_every_worker(client, end_job, token, "close")
+            _on_every_worker(client, end_job, token, "free")
         if recovery is not None:
             recovery.lost_workers = tracker.lost_workers
             recovery.recomputed_tiles = sorted(tracker.recomputed_tiles)
+            recovery.lost_processes = dict(tracker.lost_processes)
     return records
