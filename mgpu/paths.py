@@ -15,6 +15,7 @@ import errno
 import json
 import os
 import socket
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -55,10 +56,22 @@ def check_writable(path: str | Path, *, key: str, force: bool = True) -> str:
         raise JobInputError(f"{key}: the folder {str(folder)!r} does not exist")
     if not folder.is_dir():
         raise JobInputError(f"{key}: {str(folder)!r} is not a folder")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        why = "is on a read-only filesystem" if _read_only(folder) else "is not writable by this user"
-        raise JobInputError(f"{key}: the folder {str(folder)!r} {why}; write {p.name!r} elsewhere")
+    why = _cannot_create_in(folder)
+    if why:
+        raise JobInputError(f"{key}: cannot write in the folder {str(folder)!r} ({why}); write {p.name!r} elsewhere")
     return str(p.resolve())
+
+
+def _cannot_create_in(folder: Path) -> str | None:
+    """Why a file cannot be created in ``folder`` (permissions, a read-only or pseudo
+    filesystem), found by creating one and removing it; None if it can."""
+    if _read_only(folder):
+        return "a read-only filesystem"
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".mgpu-check-"):
+            return None
+    except OSError as e:
+        return e.strerror or str(e)
 
 
 def _read_only(folder: Path) -> bool:

@@ -70,6 +70,7 @@ CASES = [
     ("budget-past-memory", _dot(backend="cpu", memory_limit="1PB"), [], ["cluster.memory_limit:", "has"]),
     ("json-is-a-directory", _dot(backend="cpu"), ["--json", "{t}"], ["--json:", "is a directory"]),
     ("json-folder-missing", _dot(backend="cpu"), ["--json", "{t}/no/r.json"], ["--json:", "does not exist"]),
+    ("json-where-no-file-can-be-made", _dot(backend="cpu"), ["--json", "/proc/r.json"], ["--json:", "cannot write"]),
     ("json-is-the-job-file", _dot(backend="cpu"), ["--json", "{t}/job.yaml"], ["--json:", "job file"]),
     (
         "output-is-a-directory",
