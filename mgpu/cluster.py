@@ -493,6 +493,9 @@ def open_cluster(
                 # never returned; it is closed below like any other.
                 half_started = [c for c in SpecCluster._instances if c not in before]
                 raise
+            # mgpu says which worker it lost and what it does about it; the nanny's restart
+            # warning beside that says it again, for Dask's own users.
+            logging.getLogger("distributed.nanny").setLevel(logging.ERROR)
             client = Client(cluster)
         client.register_plugin(SettingsSetup(settings))
         if cluster is not None:

@@ -252,7 +252,16 @@ def run_plan(
 
     records: list[TileRecord] = []
     pending: deque[Tile] = deque()
-    tracker = TileTracker(client, submit, on_lost, deadline_s=deadline_s, retire=retire)
+
+    def lost(worker: str, tiles: list[int]) -> None:
+        if stepped:  # said before anything claims the tiles are being recomputed
+            raise JobFailed(
+                f"lost worker {worker}, and with it the state of stepped tile(s) {tiles[:20]}; a stepped job "
+                "cannot recompute a tile alone, so nothing was kept: run the job again"
+            )
+        on_lost(worker, tiles)
+
+    tracker = TileTracker(client, submit, lost, deadline_s=deadline_s, retire=retire)
     try:
         if plan.placement == "static":
             for t in plan.tiles:
