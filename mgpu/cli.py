@@ -22,7 +22,7 @@ from .client.preflight import check_written
 from .client.watch import Events
 from .errors import JobFailed, JobInputError
 from .memory import AllocatorChoice
-from .paths import write_text
+from .paths import check_folder, write_text
 from .security import client_security
 from .show import print_result
 from .signals import Interrupted, cancel_on_signals
@@ -470,6 +470,7 @@ def scale(
     reporter = _SweepReporter(console, show_progress=not quiet and console.is_terminal)
     rows: list[dict[str, Any]] = []
     try:
+        check_folder(out_dir, key="--out")
         if (out_dir / "scale.json").exists() and not force:
             raise JobInputError(
                 f"--out: {str(out_dir)!r} already holds a sweep (scale.json); choose another folder or pass --force"

@@ -23,7 +23,7 @@ import psutil
 
 from .errors import JobFailed, JobInputError
 
-__all__ = ["OutputClaims", "check_writable", "claim_path", "holder_of", "write_text"]
+__all__ = ["OutputClaims", "check_folder", "check_writable", "claim_path", "holder_of", "write_text"]
 
 
 def check_writable(path: str | Path, *, key: str, force: bool = True) -> str:
@@ -60,6 +60,27 @@ def check_writable(path: str | Path, *, key: str, force: bool = True) -> str:
     if why:
         raise JobInputError(f"{key}: cannot write in the folder {str(folder)!r} ({why}); write {p.name!r} elsewhere")
     return str(p.resolve())
+
+
+def check_folder(path: str | Path, *, key: str) -> None:
+    """``path`` checked as a folder mgpu will fill (made if missing, with its parents).
+
+    Raises
+    ------
+    JobInputError
+        If it is a file, or it (or, if missing, its nearest existing parent) cannot be written.
+    """
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise JobInputError(f"{key}: {str(path)!r} is a file, not a folder")
+    existing = p
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise JobInputError(f"{key}: {str(existing)!r} is a file, so {str(path)!r} cannot be made")
+    why = _cannot_create_in(existing)
+    if why:
+        raise JobInputError(f"{key}: cannot write in {str(existing)!r} ({why})")
 
 
 def _cannot_create_in(folder: Path) -> str | None:

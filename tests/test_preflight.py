@@ -196,3 +196,11 @@ def test_the_dashboard_is_told_where_it_listens_and_warned_beyond_localhost(caps
     out, err = capsys.readouterr()
     assert f"listening on {bound}" in out
     assert ("anyone who can reach this host can see it" in err) is warned
+
+
+@pytest.mark.parametrize("out", ["{t}/job.yaml/sub", "/proc/sweep"])
+def test_a_sweep_folder_that_cannot_be_made_is_refused_before_any_run(tmp_path, no_cluster, out):
+    job = write_job(tmp_path / "job.yaml", _dot(backend="cpu"))
+    before = sorted(os.listdir(tmp_path))
+    _refused(invoke("scale", job, "--devices", "1", "--out", out.format(t=tmp_path)), "--out:")
+    assert sorted(os.listdir(tmp_path)) == before
