@@ -146,8 +146,10 @@ class Timeline(BaseModel):
 class Recovery(BaseModel):
     lost_workers: list[str] = []  # addresses of workers that left the cluster during the job
     recomputed_tiles: list[int] = []  # tiles resubmitted to other workers because theirs was lost
-    # Each lost worker's process as tile records name it ("host:pid") -> its address; not saved.
-    lost_processes: dict[str, str] = Field(default_factory=dict, exclude=True)
+    # The process of each worker that finished a tile, as records name it ("host:pid") ->
+    # its address: a worker lost and the one that replaced it (same host and device) are
+    # told apart by it. Not saved.
+    processes: dict[str, str] = Field(default_factory=dict, exclude=True)
 
 
 class Result(BaseModel):

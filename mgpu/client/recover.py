@@ -113,8 +113,8 @@ class TileTracker:
     retire: Callable[[str], None] = lambda worker: None
     lost_workers: list[str] = field(default_factory=list)
     stuck_workers: list[str] = field(default_factory=list)
-    # Each lost worker's process ("host:pid", as tile records name it) -> its address.
-    lost_processes: dict[str, str] = field(default_factory=dict)
+    # The process ("host:pid", as tile records name it) of each worker that finished a tile -> its address.
+    processes: dict[str, str] = field(default_factory=dict)
     recomputed_tiles: list[int] = field(default_factory=list)
     _in_flight: dict[str, _InFlight] = field(default_factory=dict)
     _done: queue.Queue = field(default_factory=queue.Queue)
@@ -122,7 +122,6 @@ class TileTracker:
     _last_check: float = field(default_factory=time.monotonic)
     _no_workers_since: float | None = None
     _progress: dict[str, float] = field(default_factory=dict)  # worker -> when it last finished a tile
-    _processes: dict[str, str] = field(default_factory=dict)  # worker -> "host:pid"
 
     def __post_init__(self) -> None:
         self._known = set(self._workers())
@@ -154,7 +153,7 @@ class TileTracker:
                     del self._in_flight[fut.key]
                     if entry.worker is not None:
                         self._progress[entry.worker] = time.monotonic()
-                        self._processes[entry.worker] = getattr(record, "worker", "")
+                        self.processes[getattr(record, "worker", "")] = entry.worker
                     yield entry.tile, entry.worker, record
             if time.monotonic() - self._last_check >= _CHECK_S:
                 self.check_workers()
@@ -228,8 +227,6 @@ class TileTracker:
         live = [w for w in self._workers() if w not in (gone or set()) and w not in self.stuck_workers]
         for worker in sorted(self._known - set(live)):
             self.lost_workers.append(worker)
-            if worker in self._processes:
-                self.lost_processes[self._processes[worker]] = worker
         self._known = set(live)
 
         if not live and self._in_flight:

@@ -66,7 +66,7 @@ def build_result(
     by_worker: dict[tuple[str, int], list[TileRecord]] = defaultdict(list)
     for r in [*records, *(panel_records or [])]:
         by_worker[r.worker, r.device].append(r)
-    where = _record_workers(info, recovery.lost_processes if recovery else {})
+    where = _record_workers(info, recovery.processes if recovery else {})
     worker_rows: list[DeviceRow] = []
     by_device: dict[str, list[TileRecord]] = defaultdict(list)
     device_workers: dict[str, list[str]] = defaultdict(list)

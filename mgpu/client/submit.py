@@ -294,5 +294,5 @@ def run_plan(
         if recovery is not None:
             recovery.lost_workers = tracker.lost_workers
             recovery.recomputed_tiles = sorted(tracker.recomputed_tiles)
-            recovery.lost_processes = dict(tracker.lost_processes)
+            recovery.processes = dict(tracker.processes)
     return records
