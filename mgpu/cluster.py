@@ -451,6 +451,9 @@ def _close_within(seconds: float, client: Client | None, cluster: Any, *, quiet:
     if closer.is_alive() and cluster is not None:
         _kill_workers(cluster)
         closer.join(1.0)
+    if cluster is not None:
+        # Closed or its workers killed: distributed's own close at exit would wait on it again.
+        SpecCluster._instances.discard(cluster)
 
 
 def _kill_workers(cluster: Any) -> None:

@@ -139,16 +139,21 @@ def holder_of(claim: str) -> dict[str, object] | None:
         return None
     except (OSError, ValueError):
         return {"pid": "?", "host": "?", "job": "?"}  # being written, or not ours to read
-    if holder.get("host") == socket.gethostname() and not _alive(holder.get("pid")):
+    if holder.get("host") == socket.gethostname() and not _alive(holder.get("pid"), holder.get("started")):
         return None
     return dict(holder)
 
 
-def _alive(pid: object) -> bool:
+def _alive(pid: object, started: object) -> bool:
+    """Whether process ``pid`` runs and is the one that started at ``started`` (a pid freed
+    by a process that died may be another's by now)."""
     if not isinstance(pid, int):
         return False
     try:
-        return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return not isinstance(started, (int, float)) or abs(proc.create_time() - started) < 1.0
     except psutil.Error:
         return False
 
@@ -176,7 +181,8 @@ class OutputClaims:
 
     def _take_one(self, path: str, key: str, job: str) -> None:
         claim = claim_path(path)
-        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "job": job})
+        me = psutil.Process()
+        record = json.dumps({"pid": me.pid, "started": me.create_time(), "host": socket.gethostname(), "job": job})
         for _ in range(3):
             try:
                 fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)

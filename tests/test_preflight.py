@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 from conftest import invoke, write_job
 
@@ -149,6 +150,17 @@ def test_an_output_claimed_by_a_running_job_is_refused_naming_it(tmp_path, no_cl
         holder.kill()
         holder.wait()
     assert not out.exists()
+
+
+def test_a_claim_whose_pid_another_process_took_since_is_taken_over(tmp_path):
+    out = str(tmp_path / "c.npy")
+    # This process's pid, but started before it: the claim's process died and its pid was reused.
+    me = psutil.Process()
+    Path(claim_path(out)).write_text(
+        json.dumps({"pid": me.pid, "started": me.create_time() - 60, "host": socket.gethostname(), "job": "gone"})
+    )
+    with OutputClaims().held([(out, "params.output", "mine")]):
+        assert json.loads(Path(claim_path(out)).read_text())["job"] == "mine"
 
 
 def test_a_claim_left_by_a_dead_process_is_taken_over(tmp_path):
