@@ -97,7 +97,7 @@ def _cannot_create_in(folder: Path) -> str | None:
 
 def _read_only(folder: Path) -> bool:
     try:
-        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+        return bool(getattr(os.statvfs(folder), "f_flag", 0) & os.ST_RDONLY)
     except OSError:
         return False
 
