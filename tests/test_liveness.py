@@ -114,8 +114,8 @@ def test_a_signal_ends_mgpu_with_a_stopped_worker(tmp_path, sig):
 def test_ctrl_c_while_the_cluster_starts_is_one_line(tmp_path):
     job = matmul_job(tmp_path, 96, 64, 24, {"m": 12, "n": 32})
     proc = _start(tmp_path, str(job), "--backend", "cpu", "--devices", "2", "--no-dashboard", slow=False)
-    # The first worker process exists: the cluster is starting.
-    wait_for(lambda: proc.poll() is not None or psutil.Process(proc.pid).children(), 120, "a worker process")
+    # Both workers listen: the cluster is being set up (its client, its plugins).
+    wait_for(lambda: proc.poll() is not None or len(_workers(proc.pid)) == 2, 120, "the workers")
     started = psutil.Process(proc.pid).children(recursive=True)
     os.kill(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
