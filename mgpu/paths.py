@@ -26,7 +26,7 @@ from .errors import JobFailed, JobInputError
 __all__ = ["OutputClaims", "check_folder", "check_writable", "claim_path", "holder_of", "write_text"]
 
 
-def check_writable(path: str | Path, *, key: str, force: bool = True) -> str:
+def check_writable(path: str | Path, *, key: str, force: bool = True, folder: bool = False) -> str:
     """``path`` checked as a file mgpu will create or replace; returns it absolute.
 
     Parameters
@@ -35,6 +35,8 @@ def check_writable(path: str | Path, *, key: str, force: bool = True) -> str:
         The job key or flag that names the path (in every error).
     force
         Whether an existing file may be replaced.
+    folder
+        The output is a folder (a Zarr store): an existing folder is it, not an error.
 
     Raises
     ------
@@ -45,20 +47,22 @@ def check_writable(path: str | Path, *, key: str, force: bool = True) -> str:
     """
     p = Path(path).expanduser()
     shown = str(path)
-    if p.is_dir():
+    if p.is_dir() and not folder:
         raise JobInputError(f"{key}: {shown!r} is a directory; give the path of a file")
-    if p.exists() and not p.is_file():
+    if folder and p.exists() and not p.is_dir():
+        raise JobInputError(f"{key}: {shown!r} is a file, not a store (a folder)")
+    if p.exists() and not (p.is_file() or folder):
         raise JobInputError(f"{key}: {shown!r} is not a regular file (a FIFO or device?)")
     if p.exists() and not force:
         raise JobInputError(f"{key}: {shown!r} already exists; remove it or pass --force")
-    folder = p.parent
-    if not folder.exists():
-        raise JobInputError(f"{key}: the folder {str(folder)!r} does not exist")
-    if not folder.is_dir():
-        raise JobInputError(f"{key}: {str(folder)!r} is not a folder")
-    why = _cannot_create_in(folder)
+    parent = p.parent
+    if not parent.exists():
+        raise JobInputError(f"{key}: the folder {str(parent)!r} does not exist")
+    if not parent.is_dir():
+        raise JobInputError(f"{key}: {str(parent)!r} is not a folder")
+    why = _cannot_create_in(parent)
     if why:
-        raise JobInputError(f"{key}: cannot write in the folder {str(folder)!r} ({why}); write {p.name!r} elsewhere")
+        raise JobInputError(f"{key}: cannot write in the folder {str(parent)!r} ({why}); write {p.name!r} elsewhere")
     return str(p.resolve())
 
 

@@ -266,7 +266,8 @@ def check_output_path(path: str | Path, *, key: str, suffix: str, force: bool) -
     p = Path(path).expanduser()
     if p.suffix != suffix:
         raise JobInputError(f"{key}: {str(path)!r} must end in {suffix}")
-    return check_writable(p, key=key, force=force)
+    # A Zarr store is a folder: one that exists is the store itself, replaced with force.
+    return check_writable(p, key=key, force=force, folder=suffix == ".zarr")
 
 
 def _npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
