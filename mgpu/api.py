@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from distributed import Client
-
-from .client.run import run_jobs
 from .client.watch import Events
 from .errors import JobInputError
-from .results import Result
 from .spec import Job, apply_overrides, load_job, validate_job
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from .results import Result
 
 __all__ = ["JobLike", "as_job", "run", "run_all"]
 
@@ -110,4 +111,7 @@ def run_all(
         raise JobInputError("jobs: expected a list of jobs; for one job, call mgpu.run")
     if not jobs:
         raise JobInputError("jobs: no job was given")
+    # Dask's client is imported when a job runs: importing mgpu.api stays light.
+    from .client.run import run_jobs
+
     return run_jobs([as_job(j, overrides) for j in jobs], events, security=security, client=client)

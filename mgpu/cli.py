@@ -16,9 +16,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from . import __version__
-from .api import run_all
-from .client.estimate import Estimate
-from .client.preflight import check_written
 from .client.watch import Events
 from .errors import JobFailed, JobInputError
 from .memory import AllocatorChoice
@@ -63,6 +60,8 @@ class _Reporter(Events):
         self.console.print(f"mgpu: plan: {plan.describe()}")
         expected = plan.notes.get("estimate")
         if expected:
+            from .client.estimate import Estimate
+
             self.console.print(f"mgpu: {Estimate(**expected).describe()}", soft_wrap=True)
         self.start_bar(len(plan.tiles))
 
@@ -163,7 +162,7 @@ def _devices_override(value: str) -> str:
 
 # Commands whose modules load only when they run (or their help is asked for): the
 # benchmark harness is no part of a job's start-up.
-_ON_DEMAND = {"bench": "mgpu.bench.cli:bench"}
+_ON_DEMAND = {"bench": "mgpu.bench.cli:bench", "cluster": "mgpu.cluster_cli:cluster"}
 
 
 class _Commands(click.Group):
@@ -220,6 +219,9 @@ def cli() -> None:
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar and no table")
 @click.option("--keep-open", is_flag=True, help="keep the cluster and dashboard up after the jobs until Ctrl-C")
 @click.option("--dry-run", is_flag=True, help="check, plan and estimate the jobs; start nothing")
+@click.option(
+    "--own-cluster", is_flag=True, help="start a cluster for these jobs even where mgpu cluster up has one running"
+)
 def submit(
     job_files: tuple[Path, ...],
     devices: str | None,
@@ -240,8 +242,13 @@ def submit(
     quiet: bool,
     keep_open: bool,
     dry_run: bool,
+    own_cluster: bool,
 ) -> None:
-    """Run job files, one after another on one cluster, and report each."""
+    """Run job files, one after another on one cluster, and report each.
+
+    Without a scheduler (in the job or given here), the jobs run on the cluster that
+    mgpu cluster up started, if one is up; else on one started for them.
+    """
     if scheduler and scheduler_file:
         raise click.UsageError("give --scheduler or --scheduler-file, not both")
     scheduler = scheduler or (str(Path(scheduler_file).resolve()) if scheduler_file else None)
@@ -272,9 +279,17 @@ def submit(
         return
     try:
         jobs = [load_job(f, overrides) for f in job_files]
+        from .client.preflight import check_written
+
         check_written(json_path, key="--json", jobs=jobs, read=job_files)
         security = client_security(tls_ca_file, tls_cert, tls_key)
+        if not own_cluster and not any(j.cluster.scheduler for j in jobs):
+            jobs = _on_running_cluster(jobs, console)
+        if all(j.cluster.scheduler for j in jobs):
+            _client_only()
         try:
+            from .api import run_all
+
             with cancel_on_signals():
                 run_all(jobs, events=reporter, security=security)
         finally:
@@ -301,12 +316,38 @@ def submit(
         _fail(f"verification failed: the result is wrong{not_run}", JobFailed.exit_code)
 
 
+def _client_only() -> None:
+    """Keep RMM and NVML out of this process, which joins a cluster and runs no GPU code:
+    importing Dask's client would import them (for its diagnostics) where they are
+    installed, which costs the command time and gives it nothing."""
+    for name in ("rmm", "pynvml"):
+        if name not in sys.modules:
+            sys.modules[name] = None  # type: ignore[assignment]  # an import of it raises ImportError
+
+
+def _on_running_cluster(jobs: list[Any], console: Console) -> list[Any]:
+    """``jobs`` pointed at the cluster mgpu cluster up started, where one is up (saying so)."""
+    from .api import as_job
+    from .background import find
+
+    running = find()
+    if running is None:
+        return jobs
+    console.print(
+        f"mgpu: joining the running cluster at {running.address} (mgpu cluster up; --own-cluster starts one instead)",
+        soft_wrap=True,
+    )
+    return [as_job(j, [f"cluster.scheduler={running.address}"]) for j in jobs]
+
+
 def _dry_run(job_files: tuple[Path, ...], overrides: list[str], json_path: str | None) -> None:
     """``submit --dry-run``: each job's plan for the devices it would get, and its estimate."""
     from .client.estimate import as_json, describe, dry_run
 
     try:
         jobs = [load_job(f, overrides) for f in job_files]
+        from .client.preflight import check_written
+
         check_written(json_path, key="--json", jobs=jobs, read=job_files)
         runs = dry_run(jobs)
     except JobInputError as e:

@@ -39,6 +39,7 @@ __all__ = [
     "ClusterInfo",
     "ResolvedCluster",
     "budget_basis",
+    "Survey",
     "budget_for",
     "describe_workers",
     "expected_devices",
@@ -46,6 +47,7 @@ __all__ = [
     "open_cluster",
     "resolve_cluster",
     "scheduler_address",
+    "survey",
     "worker_budget",
 ]
 
@@ -91,6 +93,11 @@ class ClusterInfo:
     devices: dict[str, DeviceFacts] = field(default_factory=dict)  # worker address -> facts
     spills: bool = False  # allocations past the budget go to managed memory
     slots: bool = False  # every worker offers the SLOT resource
+    # Each worker's software versions and driver (mgpu.roofline.software), from the same
+    # round trip as ``devices``: what keys its ceilings in the cache.
+    software: dict[str, dict[str, str]] = field(default_factory=dict)
+    # A GPU worker's environment for the results (mgpu.info.runtime_env), asked once.
+    worker_env: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def tile_resources(self, concurrency: int) -> dict[str, float] | None:
         """The Dask resources a tile task asks for, when ``concurrency`` tiles may share a device."""
@@ -387,10 +394,57 @@ def _start_cpu(rc: ResolvedCluster) -> LocalCluster:
     )
 
 
+def _describe(dask_worker: Any = None) -> tuple[DeviceFacts, dict[str, str], bool]:
+    from .roofline import software
+
+    state = getattr(dask_worker, "state", None)
+    slot = SLOT in (getattr(state, "total_resources", None) or {})
+    return device_facts(dask_worker), software(), slot
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What one round trip to the workers tells: each one's device facts (address ->
+    facts, in the order tiles are placed), software (address -> :func:`mgpu.roofline.software`)
+    and whether every worker offers the SLOT resource."""
+
+    devices: dict[str, DeviceFacts]
+    software: dict[str, dict[str, str]]
+    slots: bool
+
+
+def survey(client: Client) -> Survey:
+    """Ask every worker for its :class:`Survey` entries, in one round trip."""
+    answers = client.run(_describe)
+    facts = {addr: f for addr, (f, _, _) in answers.items()}
+    ordered = dict(sorted(facts.items(), key=lambda kv: (kv[1].host, kv[1].id, kv[0])))
+    return Survey(
+        ordered,
+        {addr: versions for addr, (_, versions, _) in answers.items()},
+        bool(answers) and all(slot for _, _, slot in answers.values()),
+    )
+
+
+def _set_up(settings: dict[str, Any], dask_worker: Any = None) -> bool:
+    """Whether this worker has mgpu's setup, with these settings (a cluster that ``mgpu
+    cluster up`` holds has, from the submits before)."""
+    plugins = dask_worker.plugins
+    held = plugins.get(SettingsSetup.name)
+    return (
+        held is not None
+        and held.settings.as_dask_config() == settings
+        and all(name in plugins for name in (RuntimeSetup.name, AllocatorStats.name))
+    )
+
+
 def describe_workers(client: Client) -> dict[str, DeviceFacts]:
     """Each worker's device facts (address -> facts), in the order tiles are placed."""
-    facts = client.run(device_facts)
-    return dict(sorted(facts.items(), key=lambda kv: (kv[1].host, kv[1].id, kv[0])))
+    return survey(client).devices
+
+
+def _all_set_up(client: Client, settings: config.Settings) -> bool:
+    answers = client.run(_set_up, settings.as_dask_config(), on_error="return")
+    return bool(answers) and all(answer is True for answer in answers.values())
 
 
 def _join(rc: ResolvedCluster, security: Any) -> Client:
@@ -500,29 +554,37 @@ def open_cluster(
             # warning beside that says it again, for Dask's own users.
             logging.getLogger("distributed.nanny").setLevel(logging.ERROR)
             client = Client(cluster)
-        client.register_plugin(SettingsSetup(settings))
-        if cluster is not None:
-            client.run(_silence_task_errors)
-        client.register_plugin(RuntimeSetup(rc.backend))
-        if rc.spill == "managed":
-            client.register_plugin(SpillToManaged())
-        # Last, so its statistics adaptor sits on top of whatever the plugins above installed.
-        client.register_plugin(AllocatorStats())
-        if importlib.util.find_spec("prometheus_client") is not None:
-            client.register_plugin(PoolMetrics())  # reads the statistics adaptor above
+        # A joined cluster whose every worker has mgpu's setup with these settings (one that
+        # mgpu cluster up holds) keeps it: one round trip instead of a registration each.
+        joined_ready = cluster is None and rc.spill != "managed" and _all_set_up(client, settings)
+        if not joined_ready:
+            client.register_plugin(SettingsSetup(settings))
+            if cluster is not None:
+                client.run(_silence_task_errors)
+            client.register_plugin(RuntimeSetup(rc.backend))
+            if rc.spill == "managed":
+                client.register_plugin(SpillToManaged())
+            # Last, so its statistics adaptor sits on top of whatever the plugins above installed.
+            client.register_plugin(AllocatorStats())
+            if importlib.util.find_spec("prometheus_client") is not None:
+                client.register_plugin(PoolMetrics())  # reads the statistics adaptor above
         if rc.dashboard or rc.scheduler or given:
             # The task stream records only once its scheduler plugin exists, which opening a
             # dashboard page does; asking for it here keeps every task for a later look.
             client.get_task_stream(start=time.time())
-        ordered = describe_workers(client)
-        if not ordered:
+        found = survey(client)
+        if not found.devices:
             where = f"the scheduler at {rc.scheduler}" if rc.scheduler else "the cluster of the client given"
             raise JobInputError(f"cluster.scheduler: {where} has no workers")
         # Workers started without the resource (a joined cluster's) run tiles one per thread.
-        workers = client.scheduler_info(n_workers=-1)["workers"]
-        slots = all(SLOT in workers.get(addr, {}).get("resources", {}) for addr in ordered)
         yield ClusterInfo(
-            client, rc, owned=cluster is not None, devices=ordered, spills=rc.spill == "managed", slots=slots
+            client,
+            rc,
+            owned=cluster is not None,
+            devices=found.devices,
+            spills=rc.spill == "managed",
+            slots=found.slots,
+            software=found.software,
         )
     finally:
         # Stopped (Ctrl-C, SIGTERM: signals.Interrupted) or failed: tiles may still be running.

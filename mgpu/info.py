@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -32,13 +33,25 @@ _PACKAGES = (
 )
 
 
-def _versions() -> dict[str, str]:
+def _versions(*, load: bool = True) -> dict[str, str]:
+    """Versions of the packages mgpu runs on, from their installed metadata; with ``load``,
+    also those of CuPy, RMM and dask-cuda found on sys.path but not installed as a
+    distribution (by importing them: never in a client, which needs none of them)."""
+    return dict(_found(load))
+
+
+@functools.cache
+def _found(load: bool) -> dict[str, str]:
+    # Asked once a process: reading the packages' metadata takes tens of milliseconds, and
+    # a worker is asked at every job.
     out = {"python": platform.python_version()}
     for name in _PACKAGES:
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             pass
+    if not load:
+        return out
     for module in ("cupy", "rmm", "dask_cuda"):  # found on sys.path but not installed as a dist
         if module not in out and importlib.util.find_spec(module) is not None:
             try:
@@ -87,7 +100,7 @@ def machine_info() -> dict[str, Any]:
 def runtime_env(info: ClusterInfo) -> dict[str, Any]:
     """The environment a result records: versions here and on a worker, GPUs, allocator, protocol."""
     env: dict[str, Any] = {
-        "client": _versions(),
+        "client": _versions(load=False),
         "allocator": info.resolved.allocator if info.backend == "cuda" else "numpy",
         "protocol": info.resolved.protocol,
         "gpus": sorted({f.name for f in info.devices.values()}),
@@ -95,8 +108,9 @@ def runtime_env(info: ClusterInfo) -> dict[str, Any]:
     }
     if info.backend == "cuda":
         first = next(iter(info.devices))
-        worker = info.client.run(_worker_env, workers=[first])[first]
-        env["worker"] = worker
+        if first not in info.worker_env:  # asked once a cluster: the jobs after read it
+            info.worker_env[first] = info.client.run(_worker_env, workers=[first])[first]
+        env["worker"] = info.worker_env[first]
     return env
 
 

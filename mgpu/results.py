@@ -84,6 +84,9 @@ class Verify(BaseModel):
     method: str
     max_rel_error: float | None
     failed_tiles: list[int] = []
+    # The check's own time on the device that spent most on it (its tiles' sum): device
+    # time on GPUs, wall clock on CPUs; absent from results written before it was recorded.
+    seconds: float | None = None
 
 
 class Spill(BaseModel):
@@ -92,13 +95,17 @@ class Spill(BaseModel):
 
 
 class Startup(BaseModel):
-    """Where the time before the first finished tile went, in seconds (client clock)."""
+    """Where the time besides the tiles' went, in seconds (client clock): before the first
+    finished tile, and after the last."""
 
     cluster_s: float  # starting (or joining) the cluster and setting its workers up; 0 after the first job
     ceilings_s: float  # the devices' ceilings, read from the cache or measured
     plan_s: float
     warmup_s: float  # each worker's untimed warm-up
     first_tile_s: float | None  # from the warm-up's end to the first tile's record
+    # From the last tile's record to the result: the allocators' statistics, the outputs
+    # committed, the record built; absent from results written before it was recorded.
+    finish_s: float | None = None
 
 
 class Pcie(BaseModel):

@@ -12,6 +12,8 @@ the few seconds.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 import platform
@@ -36,10 +38,12 @@ __all__ = [
     "DEVICE_CEILINGS",
     "all_groups",
     "cache_key",
+    "cache_keys",
     "ceiling_units",
     "ceilings_at_once",
     "ceilings_for",
     "groups_missing",
+    "job_groups",
     "measure_ceilings",
     "median_seconds",
     "read_cache",
@@ -96,18 +100,20 @@ def ceiling_units() -> dict[str, str]:
 def measure_ceilings(groups: Sequence[str], dev: Device) -> dict[str, float]:
     """Measure ``dev`` alone (a worker's, in a task: :func:`mgpu.worker.tasks.with_device`).
 
-    ``groups``: ``"device"`` (the copy and transfer rates) and workload names (each
-    measures its own).
+    ``groups``: ``"device"`` (the copy and transfer rates), workload names (each
+    measures its own) and ``"WORKLOAD:CEILING"`` (one of a workload's, see :func:`job_groups`).
     """
-    from .workloads import get_workload_class
-
     out: dict[str, float] = {}
     with dev.on_stream():
         for group in groups:
             if group == _DEVICE:
                 out.update(_device_ceilings(dev))
             else:
-                out.update(get_workload_class(group).measure_ceilings(dev))
+                cls, only = _group(group)
+                if only is not None and "only" in inspect.signature(cls.measure_ceilings).parameters:
+                    out.update(cls.measure_ceilings(dev, only=only))
+                else:  # a plug-in's that measures all of its ceilings at once
+                    out.update(cls.measure_ceilings(dev))
     if dev.is_gpu:
         dev.xp.get_default_memory_pool().free_all_blocks()
     return out
@@ -180,31 +186,87 @@ _MEASURES = 4
 
 
 def cache_key(facts: DeviceFacts, versions: dict[str, str]) -> str:
-    """The cache's key of a device's ceilings: its model and memory, and the software."""
+    """The cache's key of a device's ceilings: its model and memory, the GPU driver, and
+    the software (``versions``, :func:`software` where the device is). Every key is made
+    here (see :func:`cache_keys`), by the workers' runs and the client's estimate alike."""
     name = facts.name if facts.backend == "cuda" else f"{platform.processor() or platform.machine()}"
+    if facts.backend != "cuda":  # a CPU's rates do not depend on the GPU driver beside it
+        versions = {k: v for k, v in versions.items() if k != "driver"}
     return "|".join(
         [f"v{_MEASURES}", facts.backend, name, f"{facts.memory >> 30}GiB"]
         + [f"{k}={v}" for k, v in sorted(versions.items())]
     )
 
 
-def software() -> dict[str, str]:
-    """The versions of the software a ceiling depends on, in this process."""
+def cache_keys(
+    devices: dict[str, DeviceFacts], software: dict[str, dict[str, str]], *, at_once: bool = False
+) -> dict[str, str]:
+    """The cache's key of each device's ceilings (address -> key), from its facts and its
+    ``software`` (address -> :func:`software`). With ``at_once``, the CPU workers of a
+    host that has several are keyed as measured all at once (:func:`shared_key`)."""
+    keys = {addr: cache_key(f, software.get(addr, {})) for addr, f in devices.items()}
+    if at_once:
+        for addrs in cpu_hosts(devices).values():
+            keys.update(dict.fromkeys(addrs, shared_key(keys[addrs[0]], len(addrs))))
+    return keys
+
+
+@functools.cache
+def _driver() -> str | None:
+    """The GPU driver's version from NVML, or None without NVML or a GPU (asked once a process)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return None
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
+def software(*, driver: bool = True) -> dict[str, str]:
+    """The versions of the software a ceiling depends on, in this process, and the GPU
+    driver's where there is one (``driver``: look for it; a CPU-only caller need not)."""
     from .info import _versions
 
-    v = _versions()
-    return {k: v[k] for k in ("numpy", "cupy", "cupy-cuda13x", "cupy-cuda12x", "mgpu") if k in v}
+    v = _versions(load=False)  # the same in a client (which imports no GPU library) as on a worker
+    out: dict[str, str] = {k: v[k] for k in ("numpy", "cupy-cuda13x", "cupy-cuda12x", "mgpu") if k in v}
+    found = _driver() if driver and ("cupy-cuda13x" in out or "cupy-cuda12x" in out) else None
+    if found:
+        out["driver"] = found
+    return out
+
+
+def _group(group: str) -> tuple[Any, set[str] | None]:
+    """A workload's group of ceilings: its class, and the one ceiling asked for or None (all)."""
+    from .workloads import get_workload_class
+
+    name, _, ceiling = group.partition(":")
+    return get_workload_class(name), ({ceiling} if ceiling else None)
+
+
+def job_groups(workload: Any) -> list[str]:
+    """The group of ceilings a job of ``workload`` (an instance) reads of its workload's
+    own: its bound alone (``"matmul:gemm_float32"``), or the whole group where its bound
+    is one of the device's. The device's own are added by :func:`all_groups`."""
+    bound = workload.ceiling()
+    return [f"{workload.name}:{bound}" if bound in type(workload).ceiling_units else workload.name]
 
 
 def groups_missing(rates: dict[str, float], groups: Sequence[str]) -> list[str]:
     """The groups none of whose ceilings ``rates`` holds (a workload may measure none of
     its ceilings on a backend: it is asked again, at no cost); a workload that declares
     none (it is bound by one of the device's) is never asked."""
-    from .workloads import get_workload_class
-
     missing = []
     for group in groups:
-        names = {"copy"} if group == _DEVICE else set(get_workload_class(group).ceiling_units)
+        if group == _DEVICE:
+            names = {"copy"}
+        else:
+            cls, only = _group(group)
+            names = set(cls.ceiling_units) if only is None else only & set(cls.ceiling_units)
         if names and not names & set(rates):
             missing.append(group)
     return missing
@@ -216,18 +278,19 @@ def ceilings_for(
     workloads: Sequence[str] | None = None,
     *,
     refresh: bool = False,
+    software: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Ceilings for each worker (address -> {name: rate}), from the cache or measured now.
 
     ``workloads`` names the workloads whose ceilings are wanted besides the device's own
     (all registered ones by default). One worker per distinct device model measures what
-    its model's cache entry lacks; its figures stand for its peers.
+    its model's cache entry lacks; its figures stand for its peers. ``software`` is each
+    worker's (address -> :func:`software`), asked for here where not given.
     """
 
     groups = all_groups(workloads)
     cache = read_cache()
-    versions = client.run(software)
-    keys = {addr: cache_key(f, versions.get(addr, {})) for addr, f in devices.items()}
+    keys = cache_keys(devices, software if software is not None else client.run(_software))
     missing: dict[str, tuple[str, list[str]]] = {}  # addr -> (key, groups to measure)
     for addr, key in keys.items():
         todo = groups if refresh else groups_missing(cache.get(key, {}), groups)
@@ -250,6 +313,10 @@ def ceilings_for(
             cache[key] = {**({} if refresh else cache.get(key, {})), **fut.result()}
         write_cache(cache)
     return {addr: cache[key] for addr, key in keys.items()}
+
+
+def _software() -> dict[str, str]:
+    return software()  # on a worker, by Client.run
 
 
 def shared_key(key: str, workers: int) -> str:
@@ -279,6 +346,8 @@ def ceilings_at_once(
     devices: dict[str, DeviceFacts],
     alone: dict[str, dict[str, float]],
     workloads: Sequence[str] | None = None,
+    *,
+    software: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, dict[str, float]]:
     """The ceilings a job's tiles run at when every worker works (address -> {name: rate}),
     for its estimate: ``alone`` (from :func:`ceilings_for`) for GPUs, which share nothing
@@ -289,10 +358,10 @@ def ceilings_at_once(
         return alone
     groups = all_groups(workloads)
     cache = read_cache()
-    versions = client.run(software)
+    keys = cache_keys(devices, software if software is not None else client.run(_software), at_once=True)
     out = dict(alone)
     for addrs in hosts.values():
-        key = shared_key(cache_key(devices[addrs[0]], versions.get(addrs[0], {})), len(addrs))
+        key = keys[addrs[0]]
         todo = groups_missing(cache.get(key, {}), groups)
         if todo:
             run = uuid.uuid4().hex[:8]  # a key of its own: another client's measure may be under way
@@ -315,11 +384,14 @@ def ceilings_at_once(
 
 
 def all_groups(workloads: Sequence[str] | None = None) -> list[str]:
-    """The groups of ceilings measured together: the device's own, then each workload's
-    (``workloads``, or every registered one)."""
-    from .workloads import workload_names
+    """The groups of ceilings measured together: the device's own (where one of the
+    workloads reads them), then each workload's (``workloads``, or every registered one;
+    an entry may be ``"WORKLOAD:CEILING"``, see :func:`job_groups`)."""
+    from .workloads import get_workload_class, workload_names
 
-    return [_DEVICE, *(workload_names() if workloads is None else workloads)]
+    names = workload_names() if workloads is None else list(workloads)
+    device = workloads is None or any(get_workload_class(w.partition(":")[0]).uses_device_ceilings for w in names)
+    return [_DEVICE, *names] if device else names
 
 
 def read_cache() -> dict[str, dict[str, float]]:

@@ -37,6 +37,7 @@ __all__ = [
     "apply_overrides",
     "check_one_cluster",
     "load_job",
+    "validate_cluster",
 ]
 
 # Worker processes that may share one GPU: each holds a CUDA context (~0.5 GiB) and its
@@ -366,6 +367,20 @@ def validate_job(doc: dict[str, Any]) -> Job:
             f"allowed: {', '.join(cls.size_params) or 'none (it has no sizes to grow)'}"
         )
     return job
+
+
+def validate_cluster(doc: dict[str, Any]) -> ClusterSpec:
+    """Validate a ``cluster:`` section alone (``mgpu cluster up``'s flags).
+
+    Raises
+    ------
+    JobInputError
+        With one line per wrong key, each naming the key (``cluster.devices``) and what is allowed.
+    """
+    try:
+        return ClusterSpec.model_validate(doc)
+    except ValidationError as e:
+        raise JobInputError(_format_error(e, ClusterSpec, "cluster.")) from None
 
 
 def load_job(path: str | Path, overrides: list[str] | None = None) -> Job:

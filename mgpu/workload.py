@@ -19,7 +19,10 @@ What every workload defines (:class:`Workload`)
     One tile on ``ctx.dev`` (a :class:`Device`: ``dev.xp`` is NumPy or CuPy, so the same
     code runs on both), given a :class:`TileContext`; returns the tile's answer.
 ``check(ctx, tile, answer)``
-    The answer's own verification: (error, passed), or None where the client judges it.
+    The answer's own verification: (error, passed); or a function that gives them once
+    the tile's stream is done (its device work queued behind the tile's, a
+    :data:`Verdict`); or None where the client judges it. Its time is the result's
+    ``verify.seconds``; check work done inside ``run`` is timed with ``ctx.check_timer()``.
 ``combine(records)``
     The job's scalar answer from the tiles' :class:`TileRecord` values (None: none).
 ``ceiling()``
@@ -58,7 +61,7 @@ from .worker.kernels import is_cupy, random_block
 from .worker.sources import NpySink, check_output_path
 from .worker.stores import ZarrSink, output_sink
 from .worker.tile import TileContext
-from .workloads.base import Estimates, HostBytes, Outputs, Stepped, TileRecord, Workload
+from .workloads.base import Estimates, HostBytes, Outputs, Stepped, TileRecord, Verdict, Workload
 
 __all__ = [
     "Device",
@@ -76,6 +79,7 @@ __all__ = [
     "Tile",
     "TileContext",
     "TileRecord",
+    "Verdict",
     "Workload",
     "ZarrSink",
     "assign_contiguous",

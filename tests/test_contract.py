@@ -14,6 +14,7 @@ import json
 import pickle
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import invoke, start_local_cluster, write_job
 from distributed import Client
@@ -21,9 +22,11 @@ from faults import SpoilTile
 
 from mgpu.roofline import ceiling_units
 from mgpu.spec import validate_job
-from mgpu.worker.device import DeviceFacts
+from mgpu.tiling import Tile
+from mgpu.worker.device import Device, DeviceFacts
+from mgpu.worker.tile import TileContext, run_tile
 from mgpu.workloads import get_workload_class, workload_names
-from mgpu.workloads.base import Workload
+from mgpu.workloads.base import TileRecord, Workload
 
 NAMES = workload_names()
 SPOILED = 1
@@ -84,6 +87,8 @@ def test_every_tile_is_checked_and_passes(tmp_path, scheduler, name):
     # A record whose check did not run fails the job (verify_ok None is no pass).
     assert data["verify"] == {**data["verify"], "passed": True, "failed_tiles": []}
     assert sum(d["tiles"] for d in data["per_device"]) == data["plan"]["tiles"]
+    # The check's own time is recorded (on CPUs its wall clock, never zero), within the tiles' time.
+    assert 0 < data["verify"]["seconds"] <= data["compute_s"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -116,3 +121,32 @@ def test_the_bound_has_a_unit(name):
     """Each job names a ceiling that roofline measures and knows the unit of."""
     wl = _workload(name)
     assert ceiling_units()[wl.ceiling()] == wl.unit
+
+
+def _cpu_device() -> Device:
+    return Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h"))
+
+
+def _mandelbrot_band(rows: tuple[int, int], answer_rows: tuple[int, int] | None = None) -> TileRecord:
+    """Band ``rows`` of the contract's Mandelbrot job run through run_tile, its answer
+    holding the counts of ``answer_rows`` (as a band placed over the wrong rows)."""
+    cls = get_workload_class("mandelbrot")
+
+    class Misplaced(cls):  # type: ignore[misc, valid-type]
+        def run(self, ctx: TileContext, tile: Tile) -> Any:
+            answer = super().run(ctx, tile)
+            if answer_rows is not None:
+                answer.counts = super().run(ctx, Tile(2, {"rows": answer_rows})).counts
+            return answer
+
+    wl = Misplaced(validate_job(_job("mandelbrot")).params, verify=True)
+    return run_tile(wl, _cpu_device(), Tile(1, {"rows": rows}))
+
+
+def test_the_mandelbrot_check_counts_its_samples_again_and_fails_a_misplaced_band():
+    """The check counts the band's sampled pixels from their own points: a band whose
+    counts are those of other rows fails, though most of its samples may agree."""
+    assert _mandelbrot_band((4, 12)).verify_ok is True
+    record = _mandelbrot_band((4, 12), answer_rows=(5, 13))
+    assert record.verify_ok is False and record.verify_error > 0
+    assert record.verify_s > 0

@@ -4,11 +4,9 @@ where it is recorded (the Result, the report's rows), and what the client holds 
 from __future__ import annotations
 
 import json
-import tracemalloc
 from io import StringIO
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import submit_json
 from rich.console import Console
@@ -20,9 +18,8 @@ from mgpu.results import Result
 from mgpu.show import print_result
 from mgpu.worker.device import DeviceFacts
 from mgpu.workloads.dot import Dot, DotParams
-from mgpu.workloads.mandelbrot import Mandelbrot, MandelbrotParams
 from mgpu.workloads.mandelbrot import workload as mandelbrot_workload
-from mgpu.workloads.mandelbrot.kernels import MANDELBROT_PIECE, mandelbrot_axes, mandelbrot_counts
+from mgpu.workloads.mandelbrot.kernels import MANDELBROT_PIECE
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,28 +76,6 @@ def test_a_cpu_dot_is_estimated_with_its_check_pass():
 def test_the_cpu_mandelbrot_ceiling_is_measured_over_a_whole_piece():
     side, _ = mandelbrot_workload._CEILING_SIZE["cpu"]
     assert side * side >= MANDELBROT_PIECE  # a band's pieces: the allocations the rate must include
-
-
-def test_the_mandelbrot_reference_is_the_sampled_counts_and_holds_only_the_samples():
-    small = Mandelbrot(MandelbrotParams(width=700, height=300, max_iter=60))
-    plan = small.plan(_devices(2), 1 << 30, {"rows": 37})
-    p = small.params
-    x, y = mandelbrot_axes(
-        width=p.width, height=p.height, bounds=(p.xmin, p.xmax, p.ymin, p.ymax), rows=(0, p.height), dtype=p.dtype
-    )
-    whole = mandelbrot_counts(np, x, y, p.max_iter)
-    reference = small.reference(plan)
-    for tile in plan.tiles:
-        rows, step = mandelbrot_workload._sample(tile, p.width)
-        np.testing.assert_array_equal(reference[tile.index], whole[rows, ::step])
-    # 10^9 rows in 1000 bands: the image's axes alone would be 12 GB; the samples are 2 x 512 a band.
-    tall = Mandelbrot(MandelbrotParams(width=100_000, height=10**9, max_iter=2))
-    plan = tall.plan(_devices(2), 1 << 40, {"rows": 10**6}, spill=True)
-    tracemalloc.start()
-    reference = tall.reference(plan)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    assert len(reference) == 1000 and peak < 64 << 20, peak
 
 
 @pytest.fixture(scope="module")

@@ -326,7 +326,7 @@ def test_mandelbrot_without_output_checks_and_reports(tmp_path, scheduler):
     assert data["job"]["tiling"] == {"rows": 7}
     assert data["plan"]["tiles"] == math.ceil(30 / 7) and data["outputs"] == []
     assert data["job"]["params"]["output"] is None
-    assert data["verify"]["method"].startswith("cpu reference")
+    assert data["verify"]["method"] == "sampled pixels counted again on the device" and data["verify"]["passed"]
     assert data["throughput"]["value"] > 0
 
 
@@ -361,7 +361,7 @@ def test_mandelbrot_warmup_runs_a_small_band_the_way_the_job_does(monkeypatch, v
 
     def spy(workload: Mandelbrot, dev: Device, tile: Any) -> Any:
         record = routine.run_tile(workload, dev, tile)
-        runs.append((workload, dict(record.extra)))
+        runs.append((workload, record))
         return record
 
     monkeypatch.setattr(mandelbrot, "run_tile", spy)
@@ -369,11 +369,11 @@ def test_mandelbrot_warmup_runs_a_small_band_the_way_the_job_does(monkeypatch, v
     dev = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "host"))
     job.warmup(dev, Tile(0, {"rows": (0, 8)}))
     assert len(runs) == 1
-    small, extra = runs[0]
+    small, record = runs[0]
     assert (small.params.width, small.params.height) == (8192, 8) and small.sinks == {}
     assert (small.params.max_iter, small.params.dtype) == (50, "float64")
     assert small.verify is verify
-    assert ("sample" in extra) is verify  # the sampled rows were gathered, as a checked band does
+    assert (record.verify_ok is True) is verify  # its samples were counted again, as a checked band's are
     assert len(dev.cache) == 1  # the job's axes, not the small band's
     x, y = dev.cache.held("mandelbrot-axes")
     assert x.shape == y.shape == (65536,) and x.dtype == np.float64
@@ -390,7 +390,7 @@ def test_mandelbrot_bands_of_jobs_in_one_process_each_count_over_their_own_windo
         job = Mandelbrot(MandelbrotParams(width=width, height=height, max_iter=60, dtype="float32", **window))
         record = run_tile(job, dev, Tile(3, {"rows": (8, 20)}))
         want = _escape_counts(width, height, **window, max_iter=60, dtype="float32")[8:20]
-        assert record.work == want.sum() and record.verify_ok is None
+        assert record.work == want.sum() and record.verify_ok is True  # its samples, counted again, agree
 
 
 def _panels_held(dask_worker: Any = None) -> int:

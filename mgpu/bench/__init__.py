@@ -12,10 +12,12 @@ and a summary. The suites:
 ``alloc``      allocate + use + free per allocator (``mgpu.memory.bench``)
 ``peers``      mgpu beside dask.array (on dask-cuda's cluster where there are GPUs),
                CuPy on one GPU and cuBLASXt, at the same sizes
+``latency``    what a user waits for each job, cold and on a running cluster, beside a
+               plain CuPy (NumPy) script doing the same job on one device
 """
 
 from __future__ import annotations
 
-SUITES = ("suite", "outofcore", "scale", "alloc", "peers")
+SUITES = ("suite", "outofcore", "scale", "alloc", "peers", "latency")
 
 __all__ = ["SUITES"]

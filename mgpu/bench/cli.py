@@ -16,7 +16,7 @@ from rich.table import Table
 
 from ..errors import JobInputError
 from ..spec import MAX_WORKERS_PER_DEVICE
-from . import alloc, outofcore, peers, scale, suite
+from . import alloc, latency, outofcore, peers, scale, suite
 from .harness import BenchInputError, Options, check_out, parse_devices, say, write_record
 
 __all__ = ["bench"]
@@ -72,13 +72,15 @@ def _command(name: str, params: dict[str, Any]) -> list[str]:
     cmd = ["mgpu", "bench", name]
     for key, value in params.items():
         flag = "--" + key.replace("_", "-")
-        if key == "devices":
+        if key == "devices" and not isinstance(value, int):
             cmd += [flag, "all" if value is None else ",".join(map(str, value))]
         elif key in ("sets", "jobs"):  # repeatable: --set KEY=VALUE, --job FILE
             for s in value:
                 cmd += ["--" + key[:-1], s]
         elif isinstance(value, bool):
             cmd += [flag] if value else []
+        elif isinstance(value, list):
+            cmd += [flag, ",".join(map(str, value))]
         elif value is not None:
             cmd += [flag, str(value)]
     return cmd
@@ -120,7 +122,9 @@ def _run(name: str, module: ModuleType, params: dict[str, Any], extra: dict[str,
 
 def _print_summary(body: dict[str, Any], console: Console) -> None:
     rows = body.get("summary") or []
-    if rows:
+    if rows and "script_s" in rows[0]:
+        _print_latency(rows, console)
+    elif rows:
         table = Table("job", "devices", "throughput", "share of roofline", "efficiency", "took / expected", "runs ok")
         for r in rows:
             thr = f"{r['throughput']:.4g} {r['unit']}" if r["throughput"] is not None else "failed"
@@ -142,6 +146,23 @@ def _print_summary(body: dict[str, Any], console: Console) -> None:
             console.print(f"{name}: {status}")
     if "alloc" in body and body["alloc"].get("status", "").startswith("skipped"):
         console.print(f"alloc: {body['alloc']['status']}")
+
+
+def _print_latency(rows: list[dict[str, Any]], console: Console) -> None:
+    def s(v: float | None, scale: float = 1.0, fmt: str = ".3g") -> str:
+        return "" if v is None else format(v * scale, fmt)
+
+    table = Table(
+        "job", "first s", "cold s", "running s", "script s", "running / script", "cold / script",
+        "wall s", "compute s", "overhead ms", "client s", "check share",
+    )  # fmt: skip
+    for r in rows:
+        table.add_row(
+            r["name"], s(r["first_s"]), s(r["cold_s"]), s(r["running_s"]), s(r["script_s"]),
+            s(r["running_over_script"], fmt=".2f"), s(r["cold_over_script"], fmt=".2f"), s(r["wall_s"]),
+            s(r["compute_s"]), s(r["overhead_s"], 1e3), s(r["client_s"]), s(r["verify_share"], fmt=".1%"),
+        )  # fmt: skip
+    console.print(table)
 
 
 @bench.command("suite", context_settings=_CONTEXT)
@@ -198,3 +219,27 @@ def alloc_command(device: int, iterations: int, **params: Any) -> None:
 def peers_command(**params: Any) -> None:
     """mgpu beside dask.array (+ dask-cuda), CuPy on one GPU and cuBLASXt, in one run."""
     _run("peers", peers, params)
+
+
+def _workloads(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    known = list(latency.SIZES["tiny"])
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise click.BadParameter(f"expected some of {','.join(known)}, got {value!r}")
+    return names
+
+
+@bench.command("latency", context_settings=_CONTEXT)
+@lambda fn: _shared(fn, devices=False)
+@click.option("--devices", default=1, show_default=True, type=click.IntRange(min=1), help="devices mgpu's jobs run on")
+@click.option(
+    "--workloads",
+    default="matmul,dot,mandelbrot",
+    show_default=True,
+    callback=_workloads,
+    help="the jobs to time (comma-separated)",
+)
+def latency_command(devices: int, workloads: list[str], **params: Any) -> None:
+    """What a user waits for each job (cold, on a running cluster) beside a plain CuPy/NumPy script."""
+    _run("latency", latency, params, {"devices": devices, "workloads": workloads})

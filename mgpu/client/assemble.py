@@ -47,10 +47,12 @@ def assemble(
     recovery: Recovery,
     startup: Startup,
     panel_records: list[TileRecord],
+    tiles_done: float | None = None,
 ) -> Result:
     """Commit the outputs if every tile passed its check, close the job's allocator window,
     and build the Result (the workers' statistics are fetched for it); the job's wall time
-    runs from ``t0`` (``time.perf_counter``) until the outputs are committed."""
+    runs from ``t0`` (``time.perf_counter``) until the outputs are committed, and
+    ``startup.finish_s`` from ``tiles_done`` (the last tile's record came) until then."""
     passed = all(r.verify_ok for r in records) if job.verify else None
     outputs: list[str] = []
     sinks = list(workload.sinks.values())
@@ -74,6 +76,8 @@ def assemble(
     except TimeoutError:
         allocators = {}
     wall_s = time.perf_counter() - t0
+    if tiles_done is not None:
+        startup = startup.model_copy(update={"finish_s": time.perf_counter() - tiles_done})
     return build_result(
         job,
         workload,

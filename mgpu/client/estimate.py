@@ -136,15 +136,13 @@ def local_ceilings(devices: dict[str, DeviceFacts]) -> tuple[dict[str, dict[str,
     software versions standing for theirs.
     """
     cache = roofline.read_cache()
-    versions = roofline.software()
+    here = roofline.software(driver=any(f.backend == "cuda" for f in devices.values()))
     # A workload with no ceilings of its own (dot's is the device's copy) has none to measure.
     groups = [g for g in roofline.all_groups() if g == "device" or get_workload_class(g).ceiling_units]
-    keys = {addr: roofline.cache_key(f, versions) for addr, f in devices.items()}
+    keys = roofline.cache_keys(devices, dict.fromkeys(devices, here), at_once=True)
     at_once = dict.fromkeys(keys.values(), 1)  # each key's figures: measured by this many at once
     for addrs in roofline.cpu_hosts(devices).values():
-        shared = roofline.shared_key(keys[addrs[0]], len(addrs))
-        keys.update(dict.fromkeys(addrs, shared))
-        at_once[shared] = len(addrs)
+        at_once[keys[addrs[0]]] = len(addrs)
     missing = {k: roofline.groups_missing(cache.get(k, {}), groups) for k in set(keys.values())}
     if not any(missing.values()):
         return {addr: cache[k] for addr, k in keys.items()}, "cached"

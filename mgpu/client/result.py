@@ -98,11 +98,15 @@ def build_result(
     errors = [r.verify_error for r in records if r.verify_error is not None]
     if job.verify:
         failed = sorted(r.index for r in records if not r.verify_ok)
+        per_device: dict[tuple[str, int], float] = defaultdict(float)
+        for r in records:
+            per_device[r.worker, r.device] += r.verify_s
         verify = Verify(
             passed=not failed,
             method=workload.verify_method,
             max_rel_error=max(errors) if errors else None,
             failed_tiles=failed,
+            seconds=max(per_device.values(), default=0.0),
         )
     else:
         verify = Verify(passed=None, method="off", max_rel_error=None)

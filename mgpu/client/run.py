@@ -14,14 +14,19 @@ from typing import Any
 from distributed import Client
 
 from .. import config, metrics
-from ..cluster import ClusterInfo, ResolvedCluster, budget_basis, describe_workers, open_cluster
+from ..cluster import (
+    ClusterInfo,
+    ResolvedCluster,
+    budget_basis,
+    open_cluster,
+    survey,
+)
 from ..errors import JobFailed, JobInputError
 from ..paths import OutputClaims
 from ..results import Recovery, Result, Startup
-from ..roofline import ceiling_units, ceilings_at_once, ceilings_for
+from ..roofline import ceiling_units, ceilings_at_once, ceilings_for, job_groups
 from ..sharing import share_rates
 from ..spec import Job
-from ..worker.tasks import open_allocator_window
 from ..workloads.base import TileRecord
 from .assemble import assemble, reference_beside
 from .estimate import estimate
@@ -89,7 +94,8 @@ def _run_checked(
             if i:
                 t0 = time.perf_counter()
                 # Plan for the workers there are now: one may have been lost in an earlier job.
-                info.devices = describe_workers(info.client)
+                found = survey(info.client)
+                info.devices, info.software = found.devices, found.software
                 if not info.devices:
                     raise JobFailed(f"no workers are left to run job {p.job.name!r}")
             events.job_started(i, p.job)
@@ -143,8 +149,9 @@ def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, clu
     sinks = list(workload.sinks.values())
     marks = [time.perf_counter()]  # start, ceilings, plan, warm-up, first tile
     try:
-        ceilings = ceilings_for(info.client, info.devices, [job.workload])
-        busy = ceilings_at_once(info.client, info.devices, ceilings, [job.workload])  # the estimate's
+        wanted = job_groups(workload)  # its bound alone: a first run measures what it reads
+        ceilings = ceilings_for(info.client, info.devices, wanted, software=info.software)
+        busy = ceilings_at_once(info.client, info.devices, ceilings, wanted, software=info.software)
         marks.append(time.perf_counter())
         try:
             plan = plan_job(p, info.devices, info.budget(), slots=info.slots, spill=info.spills)
@@ -163,7 +170,6 @@ def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, clu
             except OSError as e:  # the folder removed or made read-only since the check
                 raise JobFailed(f"{sink.key}: could not create {sink.partial}: {e.strerror or e}") from None
         resources = info.tile_resources(workload.concurrency)
-        info.client.run(open_allocator_window, workers=list(info.devices), on_error="ignore")
         deadline_s = tile_deadline(expected, plan, len(info.devices), workload.concurrency)
         retire = functools.partial(retire_worker, info.client, ours=info.owned)
         warm_up(
@@ -198,7 +204,7 @@ def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, clu
                 deadline_s=deadline_s,
                 retire=retire,
             )
-
+            tiles_done = time.perf_counter()
             events.panels_made(panel_records)
             if reference is not None:
                 workload.judge(records, reference.result())
@@ -221,6 +227,7 @@ def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, clu
             recovery=recovery,
             startup=startup,
             panel_records=panel_records,
+            tiles_done=tiles_done,
         )
     finally:
         for sink in sinks:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,9 @@ class Runtime:
     panels: PanelStore = field(default_factory=PanelStore)
     steps: StepStore = field(default_factory=StepStore)
     exchange: PeerBuffers = field(default_factory=PeerBuffers)
+    # The warm-ups run on this worker (see mgpu.worker.tasks.warmup): a job like one before
+    # finds its kernels compiled and its handles made, and skips its own.
+    warmed: set[Hashable] = field(default_factory=set)
 
     def close_opened(self, token: str) -> None:
         """The first half of a job's end, once every tile has ended: drop its stepped tiles

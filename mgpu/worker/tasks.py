@@ -27,7 +27,6 @@ __all__ = [
     "end_job",
     "lost_stepped_tile",
     "make_panel",
-    "open_allocator_window",
     "run_tile",
     "step_tile",
     "warmup",
@@ -121,10 +120,21 @@ def lost_stepped_tile(index: int) -> None:
     )
 
 
-def warmup(workload: Workload, tile: Tile) -> None:
-    """Run the workload's warm-up on this worker's device (compiles kernels, makes handles),
-    for tiles like ``tile``."""
-    workload.warmup(current().device, tile)
+def warmup(workload: Workload, tile: Tile) -> bool:
+    """Open the job's window of allocator statistics on this worker, then run the
+    workload's warm-up on its device (compiles kernels, makes handles) for tiles like
+    ``tile``, unless this worker ran it for the same job's tiles already; returns whether
+    it ran."""
+    rt = current()
+    tracker = rt.device.extra.get("allocator")  # the allocator's statistics (mgpu.memory.stats)
+    if tracker is not None:
+        tracker.begin()  # the job's window opens here: no round trip of its own
+    key = (workload.name, workload.params.model_dump_json(), workload.verify, repr(tile.bounds), repr(tile.args))
+    if key in rt.warmed:
+        return False
+    workload.warmup(rt.device, tile)
+    rt.warmed.add(key)
+    return True
 
 
 def with_device(fn: Callable[..., T], *args: Any) -> T:
@@ -153,15 +163,9 @@ def device_facts(dask_worker: Any = None) -> DeviceFacts:
     return current(dask_worker).device.facts
 
 
-def open_allocator_window(dask_worker: Any = None) -> None:
-    """Start counting this worker's allocations for a job (before its warm-up)."""
-    tracker = current(dask_worker).device.extra.get("allocator")
-    if tracker is not None:
-        tracker.begin()
-
-
 def close_allocator_window(dask_worker: Any = None) -> dict[str, Any]:
-    """The allocator's figures since :func:`open_allocator_window` (see :mod:`mgpu.memory.stats`)."""
+    """The allocator's figures since the job's warm-up opened its window (see :func:`warmup`
+    and :mod:`mgpu.memory.stats`)."""
     dev: Device = current(dask_worker).device
     tracker = dev.extra.get("allocator")
     if tracker is None:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..tiling import Panel, Tile
-from ..workloads.base import Stepped, TileRecord, Workload
+from ..workloads.base import Stepped, TileRecord, Verdict, Workload
 from . import exchange
 from .device import Device, Timing
 from .panels import PanelRef, PanelStore
@@ -50,6 +50,7 @@ class TileContext:
     panels: dict[str, PanelRef] = field(default_factory=dict)
     token: str = ""
     timings: list[Timing] = field(default_factory=list)
+    check_timings: list[Timing] = field(default_factory=list)
     state: Any = None  # a stepped tile's, between its steps (see Workload.start)
     # A tile run apart from a worker's runtime (a warm-up's, a test's) gets a store of its own.
     panel_store: PanelStore = field(default_factory=PanelStore)
@@ -63,6 +64,14 @@ class TileContext:
         self.timings.append(t)
         if wait:
             t.seconds  # noqa: B018 (reading the seconds waits for the stop event)
+
+    @contextlib.contextmanager
+    def check_timer(self, stream: Any = None) -> Iterator[Timing]:
+        """Time device work enqueued inside for the tile's check (see :meth:`Device.timer`):
+        its seconds count as the check's (``record.verify_s``), not in the busy time."""
+        with self.dev.timer(stream) as t:
+            yield t
+        self.check_timings.append(t)
 
     def mark(self, name: str) -> None:
         """Note the worker's wall clock as the tile passes a step."""
@@ -264,9 +273,10 @@ def run_tile(
     """Run ``tile`` of ``workload`` on ``dev`` and return its record.
 
     On this thread's stream: the workload's ``run``, then (when the job verifies) its
-    ``check``, then its ``store``, then a wait for the stream. The record holds the device
-    time of what the workload timed, the bytes staged in and out, what spilled, the
-    check's error and verdict, and the wall clock at the steps ("checked", "written").
+    ``check``, then its ``store``, then a wait for the stream (and a deferred check's
+    verdict). The record holds the device time of what the workload timed, the bytes
+    staged in and out, what spilled, the check's error, verdict and time, and the wall
+    clock at the steps ("checked", "written").
     ``stepped`` is the last step of a stepped tile (see :func:`step_tile`), whose context,
     kept in ``steps`` since its first step, the tile ends with. ``panel_store`` holds the
     worker's panels (its runtime's), where the tile finds ``panels``.
@@ -293,16 +303,22 @@ def run_tile(
         if stepped is not None and stepped.ready is not None:
             dev.stream.wait_event(stepped.ready)
         answer = workload.run(ctx, tile)
+        verdict: Verdict | None = None
         if workload.verify:
-            verdict = workload.check(ctx, tile, answer)
-            if verdict is not None:  # None: judged on the client once every tile has ended
+            with ctx.check_timer():
+                verdict = workload.check(ctx, tile, answer)
+            if verdict is not None and not callable(verdict):  # None: judged on the client
                 ctx.record.verify_error, ctx.record.verify_ok = verdict
                 ctx.mark("checked")
         if workload.store(ctx, tile, answer):
             ctx.mark("written")
         dev.synchronize()
+        if callable(verdict):  # its device work ran behind the tile's, waited for with it
+            ctx.record.verify_error, ctx.record.verify_ok = verdict()
+            ctx.mark("checked")
     record = ctx.record
     record.busy_s = ctx.busy_s
+    record.verify_s = sum(t.seconds for t in ctx.check_timings)
     fill(record)
     record.stop = time.time()
     return record

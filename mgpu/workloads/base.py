@@ -15,6 +15,7 @@ staging counters, spill accounting, the check, the record) is the core's:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -28,7 +29,10 @@ from ..worker.stores import ZarrSink
 if TYPE_CHECKING:
     from ..worker.tile import TileContext
 
-__all__ = ["Estimates", "HostBytes", "Outputs", "Stepped", "TileRecord", "Workload"]
+__all__ = ["Estimates", "HostBytes", "Outputs", "Stepped", "TileRecord", "Verdict", "Workload"]
+
+# A check's verdict, (error, passed), or a function that gives it once the tile's stream is done.
+Verdict = tuple[float, bool] | Callable[[], tuple[float, bool]]
 
 
 @dataclass
@@ -57,6 +61,7 @@ class TileRecord:
     spill_bytes: int = 0
     verify_error: float | None = None
     verify_ok: bool | None = None
+    verify_s: float = 0.0  # the check's own time: device time on a GPU, wall clock on a CPU
     extra: dict[str, Any] = field(default_factory=dict)
     # Worker wall clock as the tile passed its steps ("checked", "written", ...), in order:
     # where a tile's time goes between start and stop.
@@ -90,6 +95,10 @@ class Workload(ABC, Generic[P]):
     concurrency: int = 1  # a class default an instance may change (matmul writing its output)
     # The ceilings this workload measures (see measure_ceilings): name -> unit.
     ceiling_units: ClassVar[dict[str, str]] = {}
+    # Whether its bound or estimate reads the device's own ceilings (the copy, the pinned
+    # transfers, the generator, the check: mgpu.roofline.DEVICE_CEILINGS); where none does,
+    # its first job on a machine measures only its own.
+    uses_device_ceilings: ClassVar[bool] = True
     # Small ``params:`` that make a job of two tiles or more in well under a second on CPU
     # workers: the shared contract tests (tests/test_contract.py) run every workload with them.
     example: ClassVar[dict[str, Any]] = {}
@@ -122,9 +131,13 @@ class Workload(ABC, Generic[P]):
         """
 
     @abstractmethod
-    def check(self, ctx: TileContext, tile: Tile, answer: Any) -> tuple[float, bool] | None:
-        """Check ``answer`` on the worker (only when the job verifies): its error and
-        whether it passes; or None when the client judges it (see ``reference``, ``judge``)."""
+    def check(self, ctx: TileContext, tile: Tile, answer: Any) -> Verdict | None:
+        """Check ``answer`` on the worker (only when the job verifies): its error and whether
+        it passes; or a function that returns them, called once the tile's stream has been
+        waited for (the check's device work then queues behind the tile's, and nothing
+        waits for it alone); or None when the client judges it (see ``reference``,
+        ``judge``). Its time is counted as the check's (``record.verify_s``); work a tile
+        does for its check inside ``run`` is timed with ``ctx.check_timer()``."""
 
     def combine(self, records: list[TileRecord]) -> float | None:
         """The job's scalar answer from the tiles' records (their ``value``), where it has
@@ -149,17 +162,20 @@ class Workload(ABC, Generic[P]):
         return None  # nothing to warm up by default
 
     @classmethod
-    def measure_ceilings(cls, dev: Device) -> dict[str, float]:
+    def measure_ceilings(cls, dev: Device, only: Collection[str] | None = None) -> dict[str, float]:
         """Measure the rates named in ``ceiling_units`` on ``dev`` alone (a task on a worker,
         its stream current), in those units; a rate this backend cannot run may be left out.
-        :func:`mgpu.roofline.median_seconds` times a call as every ceiling is timed."""
+        With ``only``, those named there alone (a job's bound: its first run on a machine
+        measures what it reads). :func:`mgpu.roofline.median_seconds` times a call as
+        every ceiling is timed."""
         return {}
 
     def reference(self, plan: Plan) -> Any:
         """Check data made apart from the tiles, or None (the default: tiles check themselves).
 
         Runs in a process beside the client while the tiles run, so a check that costs CPU
-        time (Mandelbrot's reference counts) never holds a GPU back.
+        time never holds a GPU back; starting that process costs about a second, so a
+        check the tiles can make themselves belongs in ``check``.
         """
         return None
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from ...worker import kernels as core
 
-__all__ = ["DOT_PIECE", "dot_check", "dot_f64", "dot_scratch", "random_pair_with_sums"]
+__all__ = ["DOT_PIECE", "dot_check", "dot_f64", "dot_scratch", "random_pair", "random_pair_with_sums"]
 
 _PAIR_SOURCE = r"""
 // Elements g_first .. g_first + n of two random vectors (keys kx, ky) into x and y, and,
@@ -136,6 +136,18 @@ _PAIRS = [f"random_pair_sums<{c}, {v}>" for c, v in core.RANDOM_C_TYPES.values()
 ]
 
 
+def random_pair(
+    xp: Any, *, seed: int, operands: tuple[int, int], elements: tuple[int, int], dtype: Any
+) -> tuple[Any, Any]:
+    """Elements ``elements`` of two random vectors of ``seed`` (operand numbers ``operands``),
+    as :func:`random_block` makes them."""
+    kw = dict(seed=seed, rows=(0, 1), cols=elements, total_cols=elements[1], dtype=dtype)
+    return (
+        core.random_block(xp, operand=operands[0], **kw).reshape(-1),
+        core.random_block(xp, operand=operands[1], **kw).reshape(-1),
+    )
+
+
 def random_pair_with_sums(
     xp: Any, *, seed: int, operands: tuple[int, int], elements: tuple[int, int], dtype: Any
 ) -> tuple[Any, Any, Any]:
@@ -148,9 +160,7 @@ def random_pair_with_sums(
     """
     lo, hi = elements
     if not core.is_cupy(xp):
-        kw = dict(seed=seed, rows=(0, 1), cols=elements, total_cols=hi, dtype=dtype)
-        x = core.random_block(xp, operand=operands[0], **kw).reshape(-1)
-        y = core.random_block(xp, operand=operands[1], **kw).reshape(-1)
+        x, y = random_pair(xp, seed=seed, operands=operands, elements=elements, dtype=dtype)
         return x, y, np.array(dot_check(xp, x, y))
     import cupy
 

@@ -1,10 +1,12 @@
-"""Escape-time Mandelbrot counts in row bands, balanced dynamically, checked on the CPU."""
+"""Escape-time Mandelbrot counts in row bands, balanced dynamically, each band's sampled
+pixels counted again on its own device."""
 
 from __future__ import annotations
 
 import math
 import os
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -19,13 +21,14 @@ from ...worker.device import Device, DeviceFacts
 from ...worker.sources import NpySink, check_output_path
 from ...worker.stores import output_sink
 from ...worker.tile import TileContext, run_tile
-from ..base import Estimates, Outputs, TileRecord, Workload
+from ..base import Estimates, Outputs, Workload
 from .kernels import mandelbrot_axes, mandelbrot_counts, mandelbrot_points, mandelbrot_scratch
 
 __all__ = ["Mandelbrot", "MandelbrotParams", "render_png", "row_costs"]
 
-# Columns of each sampled row that the CPU recomputes: enough to catch a wrong tile; the
-# reference for all tiles is one NumPy pass on the client, beside the run.
+# Columns of each sampled row that the check counts again: enough to catch a wrong tile,
+# few enough that on a CPU (where each of max_iter steps costs NumPy's per-call time) a
+# band's check costs a few per cent of the band.
 _CHECK_COLUMNS = 512
 _PNG_MAX_SIDE = 4096
 # The coarse grid over the job's window whose counts estimate each row's cost at plan
@@ -50,11 +53,10 @@ _CEILING_SIZE = {"cuda": (8192, 1000), "cpu": (256, 200)}
 
 @dataclass
 class _Band:
-    """A band's counts on its device, their sum, and (when checked) the sampled counts."""
+    """A band's counts on its device and their sum."""
 
     counts: Any
     total: Any
-    sample: Any = None
 
 
 class MandelbrotOutput(BaseModel):
@@ -106,7 +108,7 @@ class Mandelbrot(Workload[MandelbrotParams], Estimates, Outputs):
     axes = ("rows",)
     size_params = ("width", "height")
     grow = ("height",)  # more rows over the same window: the cost per row is kept
-    verify_method = "cpu reference on sampled rows"
+    verify_method = "sampled pixels counted again on the device"
     example = {"width": 33, "height": 29, "max_iter": 40}
     # Bands on a device at once; their kernels run one after another (Device.in_order),
     # so ~100 ms of kernels are queued while a finished band is checked and the next one
@@ -115,6 +117,7 @@ class Mandelbrot(Workload[MandelbrotParams], Estimates, Outputs):
     # then idled.
     concurrency = 8
     ceiling_units = {"mandelbrot_float32": "Giter/s", "mandelbrot_float64": "Giter/s"}
+    uses_device_ceilings = False  # bound by its kernel's rate alone; nothing of it crosses PCIe
 
     def prepare(self, *, force: bool) -> None:
         p = self.params
@@ -196,12 +199,12 @@ class Mandelbrot(Workload[MandelbrotParams], Estimates, Outputs):
     def band_bytes(self, devices: dict[str, DeviceFacts]) -> tuple[int, int]:
         """(bytes a band holds per row, bytes it holds whatever its height): the counts
         (int32) per row; on a CPU the kernel's temporaries, on a GPU the job's axes
-        (kept on the device) and the sample."""
+        (kept on the device) and the check's points and counts."""
         p = self.params
         if any(f.backend == "cpu" for f in devices.values()):
             fixed = mandelbrot_scratch(p.width * p.height, np.dtype(p.dtype).itemsize)
         else:
-            fixed = (p.width + p.height) * np.dtype(p.dtype).itemsize + 8 * _CHECK_COLUMNS
+            fixed = (p.width + p.height) * np.dtype(p.dtype).itemsize + 16 * 2 * _CHECK_COLUMNS
         return 4 * p.width, fixed
 
     def run(self, ctx: TileContext, tile: Tile) -> _Band:
@@ -212,23 +215,44 @@ class Mandelbrot(Workload[MandelbrotParams], Estimates, Outputs):
         with dev.in_order() as queue, ctx.timer(queue):
             counts = mandelbrot_counts(dev.xp, xd, yd[r0:r1], p.max_iter)
         ctx.mark("queued")
-        # The sum (and in check the sample) are enqueued behind the kernel and fetched in
-        # store after one wait for the stream (a fetch that waits itself holds up the other
+        # The sum (and the check's counts) are enqueued behind the kernel and fetched
+        # after one wait for the stream (a fetch that waits itself holds up the other
         # bands' threads).
         return _Band(counts, counts.sum(dtype=np.int64))
 
-    def check(self, ctx: TileContext, tile: Tile, answer: _Band) -> None:
-        """Gathers the sampled counts; judge() sets them against the reference."""
-        answer.sample = _take_sample(ctx.dev.xp, answer.counts, tile, self.params.width)
-        return None
+    def check(self, ctx: TileContext, tile: Tile, answer: _Band) -> Callable[[], tuple[float, bool]]:
+        """The band's sampled pixels (see :func:`_sample`) counted again on its device, from
+        their own points (made from the pixel indices, not the band's axes) by one small
+        launch queued behind the band: a band placed over the wrong rows or window, or
+        counts changed after the kernel, differ. The verdict is read once the stream is
+        done; the share of samples that differ is the error, and any fails the band.
+        (Both backends count bit-for-bit as NumPy does, which the GPU tests check, so a
+        correct band matches exactly.)"""
+        p, dev = self.params, ctx.dev
+        rows, step = _sample(tile, p.width)
+        x, y = mandelbrot_points(
+            width=p.width,
+            height=p.height,
+            bounds=(p.xmin, p.xmax, p.ymin, p.ymax),
+            rows=rows,
+            cols=np.arange(0, p.width, step),
+            dtype=p.dtype,
+        )
+        want = mandelbrot_counts(dev.xp, dev.to_device(x), dev.to_device(y), p.max_iter)
+        got = _take_sample(dev.xp, answer.counts, tile, p.width)
+        differ = dev.xp.count_nonzero(got != want)
+
+        def verdict() -> tuple[float, bool]:
+            share = int(dev.to_host(differ)) / want.size
+            return share, share == 0.0
+
+        return verdict
 
     def store(self, ctx: TileContext, tile: Tile, answer: _Band) -> bool:
         dev = ctx.dev
         dev.synchronize()
-        ctx.mark("counted")  # the band's kernel, its sum and sample have run
+        ctx.mark("counted")  # the band's kernel, its sum and its check have run
         ctx.record.work = float(dev.to_host(answer.total))
-        if answer.sample is not None:
-            ctx.record.extra["sample"] = dev.to_host(answer.sample)
         if "counts" not in self.sinks:
             return False
         r0, r1 = tile.bounds["rows"]
@@ -257,38 +281,18 @@ class Mandelbrot(Workload[MandelbrotParams], Estimates, Outputs):
 
         return dev.cache.get("mandelbrot-axes", key, make)
 
-    def reference(self, plan: Plan) -> dict[int, np.ndarray]:
-        """NumPy counts of every tile's sampled pixels, in one pass over all of them.
-
-        Only the sampled points are made: what this holds grows with the tiles (at most
-        MAX_TILES x 2 x _CHECK_COLUMNS counts), not with the image's width or height.
-        """
-        p = self.params
-        samples = {t.index: _sample(t, p.width)[0] for t in plan.tiles}
-        rows = sorted({r for rs in samples.values() for r in rs})
-        cols = np.arange(0, p.width, _sample(plan.tiles[0], p.width)[1]) if plan.tiles else np.arange(0)
-        x, y = mandelbrot_points(
-            width=p.width, height=p.height, bounds=(p.xmin, p.xmax, p.ymin, p.ymax), rows=rows, cols=cols, dtype=p.dtype
-        )
-        counts = mandelbrot_counts(np, x, y, p.max_iter)
-        where = {r: i for i, r in enumerate(rows)}
-        return {index: counts[[where[r] for r in rs]] for index, rs in samples.items()}
-
-    def judge(self, records: list[TileRecord], reference: dict[int, np.ndarray]) -> None:
-        for record in records:
-            got = record.extra.pop("sample")
-            record.verify_error = float(np.mean(got != reference[record.index]))
-            record.verify_ok = record.verify_error == 0.0
-
     def ceiling(self) -> str:
         return f"mandelbrot_{self.params.dtype}"
 
     @classmethod
-    def measure_ceilings(cls, dev: Device) -> dict[str, float]:
-        """Iterations per second of this kernel over the whole set, float32 and float64."""
+    def measure_ceilings(cls, dev: Device, only: Collection[str] | None = None) -> dict[str, float]:
+        """Iterations per second of this kernel over the whole set, float32 and float64
+        (those in ``only``)."""
         side, max_iter = _CEILING_SIZE[dev.backend]
         out: dict[str, float] = {}
         for dtype in ("float32", "float64"):
+            if only is not None and f"mandelbrot_{dtype}" not in only:
+                continue
             x, y = mandelbrot_axes(
                 width=side, height=side, bounds=(-2.5, 1.0, -1.25, 1.25), rows=(0, side), dtype=dtype
             )

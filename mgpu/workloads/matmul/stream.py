@@ -461,11 +461,12 @@ def run(workload: Any, ctx: Any, tile: Tile) -> dict[str, Any]:
                     _gemm(xp, a, b, cv, first=st.first)
                 products.append(timing)
                 if ctx.verify:  # Freivalds: C r against A (B r), B r made once per block
-                    if first_use[st.block] == t:
-                        br[k0:k1] = matvec_f64(xp, b, r)
-                    abr[a0:a1] += matvec_f64(xp, a, br[k0:k1])
-                    if st.done:
-                        cr[a0:a1] = matvec_f64(xp, cv, r)
+                    with ctx.check_timer():
+                        if first_use[st.block] == t:
+                            br[k0:k1] = matvec_f64(xp, b, r)
+                        abr[a0:a1] += matvec_f64(xp, a, br[k0:k1])
+                        if st.done:
+                            cr[a0:a1] = matvec_f64(xp, cv, r)
                 if gpu:
                     used[t] = dev.stream.record()
                     used_set.set(t)

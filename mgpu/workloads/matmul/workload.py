@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -207,8 +207,9 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
         src_a, src_b = self.sources()
         r = abr = None
         if ctx.verify:  # Freivalds: one random vector per output column, the same under any tiling
-            r = freivalds_vector(dev, p.seed, p.n, (c0, c1))
-            abr = xp.zeros(r1 - r0, dtype=xp.float64)
+            with ctx.check_timer():
+                r = freivalds_vector(dev, p.seed, p.n, (c0, c1))
+                abr = xp.zeros(r1 - r0, dtype=xp.float64)
         c = None
         with _tf32(dev, p.precision == "tf32"):
             for k0, k1 in ranges_on(p.k, tile.args.get("tk", p.k), (p.chunks_of("a") or (0, 0))[1]):
@@ -217,7 +218,8 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
                 with ctx.timer(wait=True):  # the next block is read once this product has run
                     c = _gemm_accumulate(xp, a, b, c)
                 if abr is not None:
-                    abr += matvec_f64(xp, a, matvec_f64(xp, b, r))
+                    with ctx.check_timer():
+                        abr += matvec_f64(xp, a, matvec_f64(xp, b, r))
                 del a, b
         ctx.mark("queued")  # every block made or read and multiplied
         ctx.record.work = 2.0 * (r1 - r0) * (c1 - c0) * p.k
@@ -247,8 +249,9 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
         return "gemm_tf32" if self.params.precision == "tf32" else f"gemm_{self.params.dtype}"
 
     @classmethod
-    def measure_ceilings(cls, dev: Device) -> dict[str, float]:
-        """cuBLAS (or BLAS) GEMM of two random square matrices, per dtype and with TF32."""
+    def measure_ceilings(cls, dev: Device, only: Collection[str] | None = None) -> dict[str, float]:
+        """cuBLAS (or BLAS) GEMM of two random square matrices, per dtype and with TF32
+        (those in ``only``)."""
         xp, n = dev.xp, _CEILING_SIDE[dev.backend]
         out: dict[str, float] = {}
         for key, dtype, tf32 in (
@@ -257,6 +260,8 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
             ("gemm_tf32", "float32", True),
             ("gemm_float64", "float64", False),
         ):
+            if only is not None and key not in only:
+                continue
             if dtype == "float16" and not dev.is_gpu:
                 continue  # NumPy has no float16 BLAS; nothing to set a job against
             a = random_block(xp, seed=0, operand=0, rows=(0, n), cols=(0, n), total_cols=n, dtype=dtype)
@@ -489,7 +494,10 @@ class DistributedMatmul(Matmul):
         peer = peer_ordinal(ref_b) if b is None and dev.is_gpu else None
         if b is None and peer is None:  # no peer path (other node, CPU): this worker makes B_j itself
             b = src_b.read(dev, (0, p.k), (c0, c1))
-        r = freivalds_vector(dev, p.seed, p.n, (c0, c1)) if ctx.verify else None
+        r = None
+        if ctx.verify:
+            with ctx.check_timer():
+                r = freivalds_vector(dev, p.seed, p.n, (c0, c1))
         ctx.mark("inputs")
         with _tf32(dev, p.precision == "tf32"):
             if b is not None:
@@ -499,7 +507,10 @@ class DistributedMatmul(Matmul):
                 with dev.in_order() as queue, ctx.timer(queue) as t:
                     xp.matmul(a, b, out=c)
                 t.seconds  # noqa: B018 (waits for the product, outside the in-order block: nothing waits in it)
-                br = matvec_f64(xp, b, r) if r is not None else None
+                br = None
+                if r is not None:
+                    with ctx.check_timer():
+                        br = matvec_f64(xp, b, r)
             else:
                 assert peer is not None  # B was left unread only where a peer GPU holds it
                 c, br = self._gemm_from_peer(ctx, a, ref_b, peer, r, tile.args["tk"])
@@ -550,7 +561,8 @@ class DistributedMatmul(Matmul):
                 with ctx.timer(compute):
                     c = _gemm_accumulate(cupy, a_block, block, c)
                 if br is not None:
-                    br[k0:k1] = matvec_f64(cupy, block, r)
+                    with ctx.check_timer(compute):
+                        br[k0:k1] = matvec_f64(cupy, block, r)
                 used[i % 2] = compute.record()
                 arrived = following
         dev.stream.synchronize()
