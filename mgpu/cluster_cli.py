@@ -39,6 +39,9 @@ def cluster() -> None:
 
 @cluster.command(context_settings=_CONTEXT)
 @click.option("--devices", help="all (default), a count (2) or device ids (0,1)")
+@click.option(
+    "--workers-per-device", type=int, metavar="N", help="worker processes per GPU (cluster.workers_per_device)"
+)
 @click.option("--backend", type=click.Choice(["auto", "cuda", "cpu"]), help="default auto: GPUs where there are some")
 @click.option("--allocator", help="the GPU workers' allocator (default pool), as cluster.allocator")
 @click.option("--memory-limit", metavar="SIZE", help="per-device budget, as cluster.memory_limit (default auto)")
@@ -50,6 +53,7 @@ def cluster() -> None:
 @click.option("--timeout", default=120.0, show_default=True, help="seconds to wait for every worker")
 def up(
     devices: str | None,
+    workers_per_device: int | None,
     backend: str | None,
     allocator: str | None,
     memory_limit: str | None,
@@ -65,6 +69,8 @@ def up(
     doc: dict[str, Any] = {}
     if devices is not None:
         doc["devices"] = _devices(devices)
+    if workers_per_device is not None:
+        doc["workers_per_device"] = workers_per_device
     if memory_limit is not None:
         doc["memory_limit"] = yaml.safe_load(memory_limit)
     doc.update({k: v for k, v in {"backend": backend, "allocator": allocator, "dashboard": dashboard}.items() if v})

@@ -86,6 +86,7 @@ def test_a_submit_runs_on_the_cluster_up_started_and_down_leaves_no_process(tmp_
         (["--backend", "cpu", "--memory-limit", "lots"], "cluster.memory_limit"),
         (["--set", "cluster.nope=1"], "cluster.nope: unknown key"),
         (["--set", "nope"], "--set: expected KEY=VALUE"),
+        (["--backend", "cpu", "--workers-per-device", "0"], "cluster.workers_per_device"),
     ],
 )
 def test_cluster_up_refuses_bad_input_and_starts_nothing(tmp_path, args, message):
