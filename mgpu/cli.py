@@ -279,14 +279,14 @@ def submit(
         return
     try:
         jobs = [load_job(f, overrides) for f in job_files]
-        from .client.preflight import check_written
-
-        check_written(json_path, key="--json", jobs=jobs, read=job_files)
         security = client_security(tls_ca_file, tls_cert, tls_key)
         if not own_cluster and not any(j.cluster.scheduler for j in jobs):
             jobs = _on_running_cluster(jobs, console)
         if all(j.cluster.scheduler for j in jobs):
             _client_only()
+        from .client.preflight import check_written  # after _client_only: it imports Dask's client
+
+        check_written(json_path, key="--json", jobs=jobs, read=job_files)
         try:
             from .api import run_all
 
