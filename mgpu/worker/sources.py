@@ -278,6 +278,20 @@ def _npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
     return buf.getvalue()
 
 
+def reserve(f: Any, nbytes: int, *, key: str, path: str, total: int) -> None:
+    """Size the open file ``f`` to ``nbytes`` and reserve its blocks, so that a full disk
+    fails now, naming ``key`` and ``path`` (``total``: the whole output's bytes), rather
+    than as a fault in a write mid-job. Filesystems that cannot reserve are let be."""
+    f.truncate(nbytes)
+    try:
+        os.posix_fallocate(f.fileno(), 0, nbytes)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise JobFailed(
+                f"{key}: could not reserve {format_bytes(total)} for {path} ({e.strerror}); nothing was kept"
+            ) from None
+
+
 @dataclass(frozen=True)
 class NpySink:
     """An output ``.npy`` written tile by tile under a temporary name, renamed on success.
@@ -323,15 +337,7 @@ class NpySink:
         """
         with open(self.partial, "xb") as f:
             f.write(_npy_header(self.shape, self.dtype))
-            f.truncate(self.nbytes)
-            try:
-                os.posix_fallocate(f.fileno(), 0, self.nbytes)
-            except OSError as e:
-                if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                    raise JobFailed(
-                        f"{self.key}: could not reserve {format_bytes(self.nbytes)} for {self.path} "
-                        f"({e.strerror}); nothing was kept"
-                    ) from None
+            reserve(f, self.nbytes, key=self.key, path=self.path, total=self.nbytes)
 
     def write(self, index: tuple[slice, ...], block: Any, dev: Device | None = None) -> None:
         """Write ``block`` (on ``dev``, or a host array) at ``index`` of the file.

@@ -23,7 +23,6 @@ refused before anything starts.
 
 from __future__ import annotations
 
-import errno
 import itertools
 import math
 import os
@@ -36,12 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import JobFailed, JobInputError
-from ..sizes import format_bytes
+from ..errors import JobInputError
 from ..tiling import split_by_size
 from . import io, transfer
 from .device import Device
-from .sources import NpySink, check_output_path
+from .sources import NpySink, check_output_path, reserve
 
 __all__ = [
     "OUTPUT_CHUNK_BYTES",
@@ -481,15 +479,7 @@ class ZarrSink:
             chunk = info.chunk_path(coords)
             os.makedirs(os.path.dirname(chunk), exist_ok=True)
             with open(chunk, "xb") as f:
-                f.truncate(info.chunk_nbytes)
-                try:
-                    os.posix_fallocate(f.fileno(), 0, info.chunk_nbytes)
-                except OSError as e:
-                    if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                        raise JobFailed(
-                            f"{self.key}: could not reserve {format_bytes(self.nbytes)} for {self.path} "
-                            f"({e.strerror}); nothing was kept"
-                        ) from None
+                reserve(f, info.chunk_nbytes, key=self.key, path=self.path, total=self.nbytes)
 
     def write(self, index: tuple[slice, ...], block: Any, dev: Device | None = None) -> None:
         """Write ``block`` (on ``dev``, or a host array) at ``index`` into the chunks it meets.
