@@ -1,6 +1,6 @@
 """A local cluster that outlives one submit: ``mgpu cluster up | status | down``.
 
-``up`` starts a process in a session of its own that opens the cluster ``mgpu submit``
+``up`` starts a process in a process group of its own that opens the cluster ``mgpu submit``
 would start (:func:`mgpu.cluster.open_cluster`: the same workers, allocator, worker setup
 and dashboard) and holds it until ``down``. The process records the scheduler's address,
 the dashboard and itself in ``cluster.json`` in mgpu's cache folder (``mgpu.cache-dir``);

@@ -423,7 +423,7 @@ def test_spill_lets_the_smallest_tile_exceed_the_budget():
 
 @pytest.mark.parametrize("n_workers", [4, 8])
 def test_every_worker_gets_work_on_4_and_8_devices(n_workers):
-    """Issue 7: a job big enough for every device spreads over all of them, evenly."""
+    """A job big enough for every device spreads over all of them, evenly."""
     devices = _devices(n_workers)
     matmul = Matmul(MatmulParams(m=4096, n=4096, k=256)).plan(devices, 1 << 30, {})
     dot = Dot(DotParams(n=10_000_000)).plan(devices, 1 << 30, {})
