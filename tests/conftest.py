@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -177,6 +178,18 @@ def run_cli() -> Callable[..., CliResult]:
 
 
 # -- jobs ---------------------------------------------------------------------------
+
+
+def npy_operands(
+    tmp: Path, m: int, k: int, n: int, *, seed: int, dtype: Any = np.float64
+) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
+    """Standard-normal A (m x k) and B (k x n) saved as ``a.npy`` and ``b.npy`` in ``tmp``:
+    the arrays, and the ``input:`` that names the files."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((m, k), dtype=dtype), rng.standard_normal((k, n), dtype=dtype)
+    np.save(tmp / "a.npy", a)
+    np.save(tmp / "b.npy", b)
+    return a, b, {"a": str(tmp / "a.npy"), "b": str(tmp / "b.npy")}
 
 
 def write_job(path: Path, doc: dict[str, Any]) -> Path:

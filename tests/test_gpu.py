@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
 pytest.importorskip("dask_cuda")
 
-from conftest import cuda_cluster, gpu_count, gpu_workers, sharing_one_gpu  # noqa: E402
+from conftest import cuda_cluster, gpu_count, gpu_workers, npy_operands, sharing_one_gpu  # noqa: E402
 
 from mgpu.client.run import run_job  # noqa: E402
 from mgpu.spec import validate_job  # noqa: E402
@@ -589,10 +589,7 @@ def test_npy_blocks_reach_the_gpu_by_kvikio_and_through_the_map(tmp_path):
 @pytest.mark.multi_gpu(2)
 def test_distributed_matmul_from_files_writes_the_product_and_counts_pcie(tmp_path):
     m, k, n = 3000, 2500, 2100
-    rng = np.random.default_rng(5)
-    a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
-    np.save(tmp_path / "a.npy", a)
-    np.save(tmp_path / "b.npy", b)
+    a, b, _ = npy_operands(tmp_path, m, k, n, seed=5, dtype=np.float32)
     out = tmp_path / "c.npy"
     params = {
         "input": {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")},
@@ -615,10 +612,7 @@ def test_streamed_matmul_from_files_on_one_gpu(tmp_path, limit):
     from mgpu.workloads.matmul import stream as matmul_stream
 
     m, k, n = 3000, 5000, 2100  # k in 3 blocks of B: the last blocks are finished band by band
-    rng = np.random.default_rng(6)
-    a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
-    np.save(tmp_path / "a.npy", a)
-    np.save(tmp_path / "b.npy", b)
+    a, b, _ = npy_operands(tmp_path, m, k, n, seed=6, dtype=np.float32)
     out = tmp_path / "c.npy"
     params = {
         "input": {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")},
@@ -647,10 +641,7 @@ def test_streamed_matmul_writes_c_by_either_method_on_one_gpu(tmp_path, method):
     import dask.config
 
     m, k, n = 2500, 4500, 1800
-    rng = np.random.default_rng(7)
-    a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
-    np.save(tmp_path / "a.npy", a)
-    np.save(tmp_path / "b.npy", b)
+    a, b, _ = npy_operands(tmp_path, m, k, n, seed=7, dtype=np.float32)
     out = tmp_path / "c.npy"
     params = {
         "input": {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import submit_json, write_job
+from conftest import npy_operands, submit_json, write_job
 from faults import spoiled
 
 from mgpu.errors import JobInputError
@@ -98,11 +98,7 @@ def test_the_schedule_keeps_all_of_c_where_it_fits_and_panels_where_not():
 
 
 def _files(tmp_path, m, k, n):
-    rng = np.random.default_rng(9)
-    a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
-    np.save(tmp_path / "a.npy", a)
-    np.save(tmp_path / "b.npy", b)
-    return a, b, {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")}
+    return npy_operands(tmp_path, m, k, n, seed=9)
 
 
 @pytest.mark.parametrize("limit", ["8MB", "200KB"])  # all of C on each worker; panels of it

@@ -14,7 +14,7 @@ from typing import Any
 import dask.config
 import numpy as np
 import pytest
-from conftest import submit_json, write_job
+from conftest import npy_operands, submit_json, write_job
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from mgpu.client.result import _roofline
@@ -181,12 +181,8 @@ def test_the_bound_is_the_slower_of_compute_and_pcie():
     assert r.limit == pytest.approx(2.5) and r.fraction == pytest.approx(0.8) and "h2d_pinned" in r.basis
 
 
-def _files(tmp_path: Path, m: int, k: int, n: int) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
-    rng = np.random.default_rng(7)
-    a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
-    np.save(tmp_path / "a.npy", a)
-    np.save(tmp_path / "b.npy", b)
-    return a, b, {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")}
+def _files(tmp_path, m, k, n):
+    return npy_operands(tmp_path, m, k, n, seed=7)
 
 
 def _note_npy_reads(dask_worker: Any) -> None:

@@ -17,6 +17,8 @@ cupy = pytest.importorskip("cupy")
 pytest.importorskip("dask_cuda")
 zarr = pytest.importorskip("zarr")
 
+from conftest import npy_operands  # noqa: E402
+
 from mgpu.client.run import run_job  # noqa: E402
 from mgpu.spec import validate_job  # noqa: E402
 
@@ -88,10 +90,7 @@ def test_chunks_never_written_reach_the_gpu_as_the_fill_value(tmp_path):
 @pytest.mark.parametrize("limit", ["1GB", "80MB"])  # all of C kept; panels of it
 def test_streamed_matmul_from_stores_equals_the_npy_job(tmp_path, limit):
     m, k, n = 3000, 5000, 2100
-    rng = np.random.default_rng(6)
-    a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
-    np.save(tmp_path / "a.npy", a)
-    np.save(tmp_path / "b.npy", b)
+    a, b, _ = npy_operands(tmp_path, m, k, n, seed=6, dtype=np.float32)
     stores = {
         "a": _store(tmp_path / "a.zarr", a, (512, 2048)),  # A's blocks are 2048 wide: in place
         "b": _store(tmp_path / "b.zarr", b, (1000, 700)),  # read across chunks, staged
