@@ -510,6 +510,7 @@ def scale(
     console = Console(stderr=True, quiet=quiet)  # a line per run; the table goes to stdout
     reporter = _SweepReporter(console, show_progress=not quiet and console.is_terminal)
     rows: list[dict[str, Any]] = []
+    env: dict[str, Any] = {}  # the last run's environment, for the report
     try:
         check_folder(out_dir, key="--out")
         if (out_dir / "scale.json").exists() and not force:
@@ -534,8 +535,12 @@ def scale(
             soft_wrap=True,
         )
         try:
-            for i, (run, result) in enumerate(run_sweep(runs, reporter, force=force)):
+            for i, outcome in enumerate(run_sweep(runs, reporter, force=force)):
                 reporter.close()
+                run, result = outcome.run, outcome.result
+                if result is None:  # not yielded without keep_going: a failed run raises
+                    raise JobFailed(outcome.error or "no result")
+                env = {k: v for k, v in result.env.items() if k != "worker"}
                 rows.append(
                     row_from_result(
                         result,
@@ -548,7 +553,7 @@ def scale(
                 (out_dir / rows[-1]["source"]).write_text(result.model_dump_json(indent=2) + "\n")
                 row = with_efficiency(rows)[-1]
                 eff = f", efficiency {row['efficiency']:.0%}" if row["efficiency"] is not None else ""
-                bad = ", [red]verification FAILED[/red]" if result.status != "ok" else ""
+                bad = ", [red]verification FAILED[/red]" if not outcome.verified else ""
                 console.print(
                     f"mgpu: run {i + 1}/{len(runs)}: {run.devices} device{'s' * (run.devices != 1)}, "
                     f"{row['size']}, repeat {run.repeat + 1}/{repeat}: {row['seconds']:.3f} s, "
@@ -558,7 +563,6 @@ def scale(
         finally:
             reporter.close()
             if rows:  # also after a failure: the runs done so far are kept
-                env = {k: v for k, v in result.env.items() if k != "worker"}
                 files = write_report(
                     out_dir,
                     rows,

@@ -10,10 +10,11 @@ T_b·b / (T_N·N); for weak scaling, where the work grows with N, it is T_b / T_
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ from .workloads import get_workload_class
 __all__ = [
     "BY_FIELDS",
     "ROW_FIELDS",
+    "baselines",
+    "efficiency",
     "load_rows",
     "row_from_result",
     "size_label",
@@ -129,10 +132,51 @@ def workers_per_device(row: Mapping[str, Any]) -> int:
     return max(1, int(row.get("workers") or row["devices"]) // max(1, int(row["devices"])))
 
 
-def _series(row: dict[str, Any], by: list[str]) -> tuple[Any, ...]:
+def _series(row: Mapping[str, Any], by: list[str]) -> tuple[Any, ...]:
     # Runs whose efficiency shares a baseline: same job and size, same compared fields, and
     # as many workers on each device (more workers on one GPU are not more devices).
     return (row["job"], row["workload"], row["mode"], row["base_size"], workers_per_device(row), *(row[b] for b in by))
+
+
+def baselines(
+    rows: Iterable[Mapping[str, Any]],
+    series: Callable[[Mapping[str, Any]], Hashable],
+    value: Callable[[Mapping[str, Any]], float | None],
+) -> dict[Hashable, tuple[int, float]]:
+    """Each series' baseline: its fewest devices with a value, and the median value there.
+
+    A series whose values stand at one device count alone has none: it scales nothing.
+    """
+    values: dict[Hashable, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        v = value(r)
+        if v is not None:
+            values[series(r)][int(r["devices"])].append(v)
+    return {s: (n := min(at), statistics.median(at[n])) for s, at in values.items() if len(at) > 1}
+
+
+def efficiency(
+    rows: Sequence[Mapping[str, Any]],
+    series: Callable[[Mapping[str, Any]], Hashable],
+    value: Callable[[Mapping[str, Any]], float | None],
+) -> list[float | None]:
+    """Each row's efficiency: its value at N devices over N/b times the median value at
+    its series' baseline b (:func:`baselines`); None without a value or a baseline."""
+    base = baselines(rows, series, value)
+    out: list[float | None] = []
+    for r in rows:
+        v, (b_n, b_value) = value(r), base.get(series(r), (0, 0.0))
+        out.append(v / (b_value * r["devices"] / b_n) if v is not None and b_value > 0 else None)
+    return out
+
+
+def _ok_throughput(row: Mapping[str, Any]) -> float | None:
+    # A failed run (a wrong answer) counts in no median.
+    return row["throughput"] if row["status"] == "ok" else None
+
+
+def _median_throughput(entry: Mapping[str, Any]) -> float | None:
+    return entry["throughput_median"]
 
 
 def with_efficiency(rows: list[dict[str, Any]], by: list[str] | None = None) -> list[dict[str, Any]]:
@@ -140,22 +184,8 @@ def with_efficiency(rows: list[dict[str, Any]], by: list[str] | None = None) -> 
 
     Failed runs (a wrong answer) keep ``efficiency`` None and do not count in any median.
     """
-    by = by or []
-    ok: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        if r["status"] == "ok":
-            ok[_series(r, by)].append(r)
-    base: dict[tuple[Any, ...], tuple[int, float]] = {}
-    for series, group in ok.items():
-        n = min(r["devices"] for r in group)
-        if any(r["devices"] != n for r in group):  # one device count alone scales nothing
-            base[series] = (n, statistics.median(r["throughput"] for r in group if r["devices"] == n))
-    out = []
-    for r in rows:
-        b_n, b_thr = base.get(_series(r, by), (0, 0.0))
-        eff = r["throughput"] / (b_thr * r["devices"] / b_n) if r["status"] == "ok" and b_thr > 0 else None
-        out.append({**r, "efficiency": eff})
-    return out
+    effs = efficiency(rows, functools.partial(_series, by=by or []), _ok_throughput)
+    return [{**r, "efficiency": eff} for r, eff in zip(rows, effs, strict=True)]
 
 
 def _spread(values: list[float], name: str) -> dict[str, float | None]:
@@ -176,9 +206,8 @@ def summarize(rows: list[dict[str, Any]], by: list[str] | None = None) -> list[d
     for r in rows:
         key = (*_series(r, by), r["devices"])
         groups[key].append(r)
-    base_median: dict[tuple[Any, ...], tuple[int, float]] = {}
     summary = []
-    for key, group in groups.items():
+    for group in groups.values():
         ok = [r for r in group if r["status"] == "ok"]
         first = group[0]
         entry: dict[str, Any] = {
@@ -201,18 +230,11 @@ def summarize(rows: list[dict[str, Any]], by: list[str] | None = None) -> list[d
         effs = [r["efficiency"] for r in ok if r["efficiency"] is not None]
         entry["efficiency_min"], entry["efficiency_max"] = (min(effs), max(effs)) if effs else (None, None)
         summary.append(entry)
-        series = key[:-1]
-        if entry["throughput_median"] is not None and (
-            series not in base_median or entry["devices"] < base_median[series][0]
-        ):
-            base_median[series] = (entry["devices"], entry["throughput_median"])
-    for entry in summary:
-        b_n, b_thr = base_median.get(_series(entry, by), (0, 0.0))
-        if not any(e["efficiency_min"] is not None for e in summary if _series(e, by) == _series(entry, by)):
-            b_n = 0  # as in with_efficiency: a series on one device count has no efficiency
-        med = entry["throughput_median"]
-        entry["baseline_devices"] = b_n or None
-        entry["efficiency"] = med / (b_thr * entry["devices"] / b_n) if med is not None and b_thr > 0 and b_n else None
+    series = functools.partial(_series, by=by)
+    base = baselines(summary, series, _median_throughput)
+    for entry, eff in zip(summary, efficiency(summary, series, _median_throughput), strict=True):
+        entry["baseline_devices"] = base[series(entry)][0] if series(entry) in base else None
+        entry["efficiency"] = eff
     summary.sort(key=lambda e: (e["job"], str(e["base_size"]), *(str(e[b]) for b in by), e["devices"], e["workers"]))
     return summary
 

@@ -1,30 +1,46 @@
-"""``mgpu scale``: one job on several device counts (and sizes), a fresh cluster for each run.
+"""The scaling sweep: one job on several device counts (and sizes, and workers per device),
+run by ``mgpu scale`` and by the harness's ``mgpu bench`` suites.
 
 Strong scaling keeps the problem fixed; weak scaling (``--weak``) grows the params the
 job's ``scale.grow`` names (or the workload's default) so the work grows with the device
 count; ``--sizes`` sweeps problem sizes. Every run is planned and validated before the
-first cluster starts, so a wrong size or count stops the sweep with nothing run.
+first cluster starts, so a wrong size or count stops the sweep with nothing run. Each run
+starts a cluster of its own, or the runs of one layout (device count and workers per
+device) share one; each run's Result carries its own verification. Efficiency against
+the fewest devices is :func:`mgpu.report.efficiency`, which reading saved results shares.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .client.run import run_job
+from .client.run import run_jobs
 from .client.watch import Events
 from .cluster import resolve_cluster
-from .errors import JobInputError
+from .errors import JobFailed, JobInputError
 from .gpus import visible_count
 from .results import Result
 from .spec import Job, load_job
 from .workloads import get_workload_class
 from .workloads.base import Workload
 
-__all__ = ["Run", "default_counts", "parse_counts", "parse_sizes", "plan_sweep", "run_sweep"]
+__all__ = [
+    "Outcome",
+    "Run",
+    "counts_up_to",
+    "default_counts",
+    "parse_counts",
+    "parse_sizes",
+    "plan_sweep",
+    "run_sweep",
+]
+
+# Why a run of a shared cluster has no result when the one before it failed.
+NOT_RUN = "not run: a job before it on its cluster failed"
 
 
 @dataclass(frozen=True)
@@ -38,6 +54,21 @@ class Run:
     base_size: dict[str, int]  # the size before weak scaling grew it (= size otherwise)
     mode: str  # "strong" | "weak"
     overrides: list[str] = field(default_factory=list)
+    workers: int = 1  # worker processes sharing each device
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one run of a sweep gave: its Result, or why it has none (``keep_going`` sweeps)."""
+
+    run: Run
+    result: Result | None
+    error: str | None = None
+
+    @property
+    def verified(self) -> bool:
+        """The run finished and every tile's check passed."""
+        return self.result is not None and self.result.status == "ok"
 
 
 def parse_counts(text: str) -> list[int]:
@@ -57,11 +88,17 @@ def parse_counts(text: str) -> list[int]:
     return sorted(counts)
 
 
-def default_counts(backend: str) -> list[int]:
-    """1, 2, 4, ... up to every visible GPU (or CPU core), that count included."""
+def counts_up_to(most: int) -> list[int]:
+    """1, 2, 4, ... up to ``most``, and ``most`` itself: ``6`` -> ``[1, 2, 4, 6]``."""
+    most = max(1, most)
+    return sorted({*(1 << i for i in range(most.bit_length())), most})
+
+
+def default_counts(backend: str, most: int | None = None) -> list[int]:
+    """1, 2, 4, ... up to every visible GPU (or CPU core), that count included; with
+    ``most``, up to no more than that many."""
     available = visible_count() if backend == "cuda" else (os.cpu_count() or 1)
-    counts = [1 << i for i in range(max(1, available).bit_length()) if 1 << i <= available]
-    return sorted({*counts, max(1, available)})
+    return counts_up_to(min(available, most) if most else available)
 
 
 _NUMBER = re.compile(r"^\d+(\.\d+)?([eE]\d+)?$")
@@ -113,8 +150,13 @@ def plan_sweep(
     weak: bool = False,
     sizes: tuple[list[str], list[int]] | None = None,
     overrides: list[str] | None = None,
+    workers: Sequence[int] | None = None,
 ) -> list[Run]:
-    """Every run of the sweep, in order (sizes, then device counts, then repeats), validated.
+    """Every run of the sweep, in order (sizes, then device counts, then workers per
+    device, then repeats), validated.
+
+    ``workers`` lists the numbers of workers sharing each device to run at every count;
+    without it each count runs with the job's ``cluster.workers_per_device``.
 
     Raises
     ------
@@ -150,15 +192,19 @@ def plan_sweep(
     if weak and not grow:
         raise JobInputError(f"--weak: {job.workload} names no size to grow; set scale.grow in the job file")
 
+    mode = "weak" if weak else "strong"
     runs = []
     for base in bases:
         for n in counts:
             size = _grown(base, grow, n) if weak else dict(base)
-            run_overrides = overrides + [f"params.{k}={v}" for k, v in size.items()] + [f"cluster.devices={n}"]
-            run_job_ = load_job(job_file, run_overrides)
-            resolve_cluster(run_job_.cluster)  # a count past the GPUs here fails now, not midway
-            for r in range(repeat):
-                runs.append(Run(run_job_, n, r, size, base, "weak" if weak else "strong", run_overrides))
+            sized = [f"params.{k}={v}" for k, v in size.items()] if weak or sizes else []
+            for w in workers or [0]:
+                shared = [f"cluster.workers_per_device={w}"] if w else []  # 0: the job's own
+                run_overrides = [*overrides, *sized, f"cluster.devices={n}", *shared]
+                run_job_ = load_job(job_file, run_overrides)
+                # A count past the GPUs here fails now, not midway; CPU workers are one a core.
+                per_device = resolve_cluster(run_job_.cluster).workers_per_device
+                runs += [Run(run_job_, n, r, size, base, mode, run_overrides, per_device) for r in range(repeat)]
     return runs
 
 
@@ -166,17 +212,54 @@ def _sizes_of(cls: type[Workload], params: dict[str, object]) -> dict[str, int]:
     return {k: v for k in cls.size_params if isinstance(v := params.get(k), int)}
 
 
-def run_sweep(runs: list[Run], events: Events | None = None, *, force: bool = False) -> Iterator[tuple[Run, Result]]:
-    """Run each in turn, each on a cluster of its own, yielding its result as it ends.
+def run_sweep(
+    runs: Sequence[Run],
+    events: Events | None = None,
+    *,
+    force: bool = False,
+    one_cluster: bool = False,
+    keep_going: bool = False,
+) -> Iterator[Outcome]:
+    """Run each in turn, each on a cluster of its own, yielding its outcome as it ends.
 
-    The first run replaces existing outputs only with ``force``; later runs replace those
-    the sweep itself wrote.
+    A job's first run replaces existing outputs only with ``force`` (or the job's own
+    ``force``); its later runs replace those the sweep itself wrote. With ``one_cluster`` the runs next to each other on the same
+    layout (device count and workers per device) share one cluster, so what each adds to
+    its tiles' time is the per-job overhead alone; a run that fails ends its cluster's
+    batch. With ``keep_going`` a run that fails is yielded with its error and the sweep
+    goes on.
 
     Raises
     ------
-    JobInputError, JobFailed
+    JobInputError
         As :func:`mgpu.run`; the runs already yielded stand.
+    JobFailed
+        A run failed, unless ``keep_going``; the runs already yielded stand.
     """
+    jobs: list[Job] = []
+    seen: set[str] = set()
+    for run in runs:
+        # A job's later runs replace the outputs its first run wrote.
+        jobs.append(run.job.model_copy(update={"force": force or run.job.force or run.job.name in seen}))
+        seen.add(run.job.name)
+    for batch in _batches(runs, one_cluster):
+        try:
+            results, error = run_jobs([jobs[i] for i in batch], events), None
+        except JobFailed as e:
+            if not keep_going:
+                raise
+            results, error = [], str(e)
+        for i, result in zip(batch, [*results, *[None] * (len(batch) - len(results))], strict=True):
+            yield Outcome(runs[i], result, None if result is not None else error or NOT_RUN)
+
+
+def _batches(runs: Sequence[Run], one_cluster: bool) -> list[list[int]]:
+    """The indices of the runs each cluster runs: one each, or each layout's neighbours."""
+    batches: list[list[int]] = []
     for i, run in enumerate(runs):
-        job = run.job.model_copy(update={"force": force or i > 0})
-        yield run, run_job(job, events)
+        prev = runs[i - 1] if i else None
+        if one_cluster and prev is not None and (prev.devices, prev.workers) == (run.devices, run.workers):
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches

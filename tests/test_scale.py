@@ -7,13 +7,14 @@ import csv
 import json
 import statistics
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import invoke, write_job
 
-from mgpu.errors import JobInputError
+from mgpu.errors import JobFailed, JobInputError
 from mgpu.report import size_label
-from mgpu.scale import parse_counts, parse_sizes, plan_sweep
+from mgpu.scale import NOT_RUN, counts_up_to, default_counts, parse_counts, parse_sizes, plan_sweep, run_sweep
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -43,6 +44,14 @@ def test_parse_counts_sorts_and_rejects_bad_counts():
     for bad in ("", "0,1", "a", "1,1", "-1"):
         with pytest.raises(JobInputError, match="--devices"):
             parse_counts(bad)
+
+
+def test_counts_run_by_powers_of_two_up_to_the_most(monkeypatch):
+    assert counts_up_to(1) == [1] and counts_up_to(2) == [1, 2]
+    assert counts_up_to(8) == [1, 2, 4, 8] and counts_up_to(6) == [1, 2, 4, 6]
+    monkeypatch.setattr("mgpu.scale.os.cpu_count", lambda: 6)
+    assert default_counts("cpu") == [1, 2, 4, 6]
+    assert default_counts("cpu", most=4) == [1, 2, 4]  # the harness keeps CPU sweeps small
 
 
 def test_parse_sizes_reads_keys_and_values():
@@ -101,6 +110,68 @@ def test_sizes_sweep_runs_every_size_on_every_count(tmp_path):
         (4000, 2),
         (4000, 2),
     ]
+
+
+def test_a_sweep_over_workers_per_device_runs_each_at_every_count(tmp_path, eight_cores):
+    job = write_job(tmp_path / "dot.yaml", {"workload": "dot", "params": {"n": 10}, "cluster": {"backend": "cpu"}})
+    runs = plan_sweep(job, [1, 2], 2, workers=[1, 2])
+    assert [(r.devices, r.job.cluster.workers_per_device, r.repeat) for r in runs] == [
+        (n, w, i) for n in (1, 2) for w in (1, 2) for i in range(2)
+    ]
+    assert all(f"cluster.workers_per_device={r.job.cluster.workers_per_device}" in r.overrides for r in runs)
+    assert {r.workers for r in runs} == {1}  # CPU workers are one a core, whatever was asked
+    # Without a list, every count runs with the job's own number, and no override says otherwise.
+    assert all("workers_per_device" not in " ".join(r.overrides) for r in plan_sweep(job, [1], 1))
+
+
+def _fake_run_jobs(monkeypatch, fail: dict[int, str]):
+    """Replace the cluster: each call records the jobs it got; a call whose first job is
+    the ``i``-th job ever given fails as ``fail[i]`` says ("raise" or "check")."""
+    calls: list[list] = []
+
+    def run_jobs(jobs, events=None):
+        first = sum(len(c) for c in calls)
+        calls.append(jobs)
+        how = fail.get(first)
+        if how == "raise":
+            raise JobFailed("a worker died")
+        results = [SimpleNamespace(status="failed" if how == "check" else "ok", job=j) for j in jobs]
+        return results[:1] if how == "check" else results  # a failed check ends the batch
+
+    monkeypatch.setattr("mgpu.scale.run_jobs", run_jobs)
+    return calls
+
+
+def test_a_sweep_runs_each_layout_on_one_cluster_and_goes_on_past_a_failure(tmp_path, eight_cores, monkeypatch):
+    job = write_job(tmp_path / "dot.yaml", {"workload": "dot", "params": {"n": 10}, "cluster": {"backend": "cpu"}})
+    runs = plan_sweep(job, [1, 2, 4], 2)
+    calls = _fake_run_jobs(monkeypatch, {0: "raise", 2: "check"})
+    outcomes = list(run_sweep(runs, one_cluster=True, keep_going=True))
+    assert [[j.cluster.devices for j in c] for c in calls] == [[1, 1], [2, 2], [4, 4]]
+    assert [o.run for o in outcomes] == runs
+    assert [(o.verified, o.error) for o in outcomes] == [
+        (False, "a worker died"),
+        (False, "a worker died"),
+        (False, None),  # ran, and its check failed
+        (False, NOT_RUN),
+        (True, None),
+        (True, None),
+    ]
+    # The first run of a job keeps outputs already there; its later runs replace its own.
+    assert [j.force for c in calls for j in c] == [False, True, True, True, True, True]
+
+
+def test_a_sweep_stops_at_a_failure_unless_told_to_go_on(tmp_path, eight_cores, monkeypatch):
+    job = write_job(tmp_path / "dot.yaml", {"workload": "dot", "params": {"n": 10}, "cluster": {"backend": "cpu"}})
+    runs = plan_sweep(job, [1, 2], 1)
+    calls = _fake_run_jobs(monkeypatch, {1: "raise"})
+    done = []
+    with pytest.raises(JobFailed, match="a worker died"):
+        for outcome in run_sweep(runs, force=True):
+            done.append(outcome)
+    assert [o.run.devices for o in done] == [1] and done[0].verified
+    assert [len(c) for c in calls] == [1, 1]  # a cluster each
+    assert calls[0][0].force  # --force: the first run replaces outputs too
 
 
 @pytest.mark.parametrize(

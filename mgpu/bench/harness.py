@@ -1,5 +1,6 @@
 """What every suite shares: its options, the machine record, running mgpu's jobs through
-the public API, running an alternative in a child process, and writing the one record."""
+the scaling sweep (:mod:`mgpu.scale`), running an alternative in a child process, and
+writing the one record."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from typing import Any
 
 import yaml
 
-import mgpu
 from mgpu.gpus import driver_version, nvml_gpus, visible_count
+from mgpu.scale import Run, plan_sweep, run_sweep
 
 SCHEMA = "mgpu-bench/1"
 # Popen keywords that make a child the leader of a new process group, so one killpg ends it
@@ -150,42 +151,40 @@ def say(message: str) -> None:
 # -- mgpu's jobs ---------------------------------------------------------------------------
 
 
-def overrides(opts: Options, backend: str, devices: int, workers: int = 1) -> list[str]:
-    """The harness's ``--set`` overrides of a job, then the user's; ``workers`` per GPU."""
-    out = [f"cluster.backend={backend}", f"cluster.devices={devices}", "cluster.dashboard=null"]
-    if workers != 1:
-        out.append(f"cluster.workers_per_device={workers}")
+def overrides(opts: Options, backend: str) -> list[str]:
+    """The harness's ``--set`` overrides of a job, then the user's (the sweep adds the
+    device count and the workers per device)."""
+    out = [f"cluster.backend={backend}", "cluster.dashboard=null"]
     if opts.protocol != "auto":
         out.append(f"cluster.protocol={opts.protocol}")
     return [*out, *opts.sets]
 
 
-def load_all(
+def plan_all(
     opts: Options,
     jobs: list[tuple[str, dict[str, Any]]],
     backend: str,
     counts: list[int],
     workers: Sequence[int] = (1,),
-) -> dict[tuple[int, int], list[tuple[str, mgpu.Job]]]:
-    """Every job on every device count and number of workers per device, validated before
-    anything runs.
+) -> list[tuple[str, Run]]:
+    """Every job's runs on every device count (and number of workers per device), as
+    :func:`mgpu.scale.plan_sweep` plans them, validated before anything runs; in order of
+    device count and workers, then job, then repeat.
 
     Raises
     ------
     mgpu.JobInputError
         A job cannot run as written (a wrong ``--set``, say).
     """
+    shared = None if tuple(workers) == (1,) else workers
+    planned: list[tuple[str, Run]] = []
     with tempfile.TemporaryDirectory(prefix="mgpu-bench-jobs-") as tmp:
-        staged = []
         for name, doc in jobs:
             path = Path(tmp) / f"{name}.yaml"
             path.write_text(yaml.safe_dump({"name": name, **doc}, sort_keys=False))
-            staged.append((name, path))
-        return {
-            (n, w): [(name, mgpu.load_job(path, overrides(opts, backend, n, w))) for name, path in staged]
-            for n in counts
-            for w in workers
-        }
+            runs = plan_sweep(path, counts, opts.repeats, overrides=overrides(opts, backend), workers=shared)
+            planned += [(name, run) for run in runs]
+    return sorted(planned, key=lambda p: (p[1].devices, p[1].workers))  # stable: jobs keep their order
 
 
 def run_jobs(
@@ -198,62 +197,35 @@ def run_jobs(
     one_cluster: bool = False,
 ) -> list[dict]:
     """Run every job ``opts.repeats`` times on each device count (with each number of
-    ``workers`` per device); one entry per run.
+    ``workers`` per device) through the scaling sweep (:mod:`mgpu.scale`); one entry per run.
 
-    Every job is loaded (validated) before the first runs, so a wrong ``--set`` stops
-    the suite before anything starts. Each job runs on a cluster of its own
-    (:func:`mgpu.run`); one that fails is recorded and the suite goes on. With
-    ``one_cluster`` the jobs of one device count and number of workers run one after
-    another on one cluster (:func:`mgpu.api.run_all`): what each adds to its tiles' time is
-    then the per-job overhead alone; a job that fails ends its cluster's batch.
+    Every job is planned (validated) before the first runs, so a wrong ``--set`` stops
+    the suite before anything starts. Each job runs on a cluster of its own; one that
+    fails is recorded and the suite goes on. With ``one_cluster`` the jobs of one device
+    count and number of workers run one after another on one cluster: what each adds to
+    its tiles' time is then the per-job overhead alone; a job that fails ends its
+    cluster's batch.
     """
-    planned = load_all(opts, jobs, backend, counts, workers)
+    planned = plan_all(opts, jobs, backend, counts, workers)
     docs = dict(jobs)
     runs: list[dict[str, Any]] = []
-    for (n, w), loaded in planned.items():
-        entries: list[dict[str, Any]] = []
-        batch: list[mgpu.Job] = []
-        for name, job in loaded:
-            for repeat in range(opts.repeats):
-                # The job as written and its overrides: `mgpu submit FILE --set ...` reruns it
-                # (the result's `job` is the same job with every default filled in).
-                entry: dict[str, Any] = {"name": name, "devices": n, "repeat": repeat, "job": docs[name]}
-                if w != 1:
-                    entry["workers_per_device"] = w
-                entries.append({**entry, "overrides": overrides(opts, backend, n, w)})
-                batch.append(job)
-        where = f"{n} device(s)" + (f", {w} workers each" if w != 1 else "")
-        say(f"{len(batch)} job(s) on {where}")
-        if one_cluster:
-            _run_batch(entries, batch, where)
+    outcomes = run_sweep([run for _, run in planned], one_cluster=one_cluster, keep_going=True)
+    for (name, run), outcome in zip(planned, outcomes, strict=True):
+        # The job as written and its overrides: `mgpu submit FILE --set ...` reruns it
+        # (the result's `job` is the same job with every default filled in).
+        entry: dict[str, Any] = {"name": name, "devices": run.devices, "repeat": run.repeat, "job": docs[name]}
+        if run.workers != 1:
+            entry["workers_per_device"] = run.workers
+        entry["overrides"] = run.overrides
+        where = f"{run.devices} device(s)" + (f", {run.workers} workers each" if run.workers != 1 else "")
+        if outcome.result is not None:
+            entry["result"] = outcome.result.model_dump(mode="json")
+            say(f"{name} on {where}, run {run.repeat + 1}: {_describe(entry['result'])}")
         else:
-            for entry, job in zip(entries, batch, strict=True):
-                try:
-                    entry["result"] = mgpu.run(job).model_dump(mode="json")
-                    say(f"{entry['name']} on {where}, run {entry['repeat'] + 1}: {_describe(entry['result'])}")
-                except mgpu.JobFailed as e:
-                    entry["result"], entry["error"] = None, str(e)
-                    say(f"{entry['name']} on {where}: {e}")
-        runs += entries
+            entry["result"], entry["error"] = None, outcome.error
+            say(f"{name} on {where}: {outcome.error}")
+        runs.append(entry)
     return runs
-
-
-def _run_batch(entries: list[dict[str, Any]], batch: list[mgpu.Job], where: str) -> None:
-    """Run ``batch`` on one cluster and fill each entry's result (or error)."""
-    from mgpu.api import run_all
-
-    try:
-        results = run_all(batch)
-        error = None
-    except mgpu.JobFailed as e:
-        results, error = [], str(e)
-    for i, entry in enumerate(entries):
-        if i < len(results):
-            entry["result"] = results[i].model_dump(mode="json")
-            say(f"{entry['name']} on {where}, run {entry['repeat'] + 1}: {_describe(entry['result'])}")
-        else:
-            entry["result"], entry["error"] = None, error or "not run: a job before it on its cluster failed"
-            say(f"{entry['name']} on {where}: {entry['error']}")
 
 
 def _describe(r: dict[str, Any]) -> str:

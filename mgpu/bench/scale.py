@@ -12,40 +12,24 @@ device, the per-job overhead) measured on the GPUs at hand. Each row then says i
 
 from __future__ import annotations
 
-import os
 from typing import Any
+
+from mgpu.report import efficiency
+from mgpu.scale import counts_up_to, default_counts
 
 from .harness import BenchInputError, Options, gpu_count, resolve, run_jobs, say, summarize
 from .suite import SIZES, job_files
 
 
-def default_counts(have: int) -> list[int]:
-    """1, 2, 4, ... up to ``have``, and ``have`` itself."""
-    counts, n = [], 1
-    while n < have:
-        counts.append(n)
-        n *= 2
-    return [*counts, have]
-
-
-def efficiency(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def with_efficiency(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Add ``efficiency`` to each summary row, against the same job's row at the fewest
-    devices with as many workers per device; and ``compute_vs_one_worker``, its
-    ``compute_s`` over the same job's on as many devices with one worker each."""
-    base: dict[tuple[str, int], dict[str, Any]] = {}
-    alone: dict[tuple[str, int], dict[str, Any]] = {}
-    for row in sorted(rows, key=lambda r: r["devices"]):
-        workers = row.get("workers_per_device", 1)
-        if row["throughput"] is not None:
-            base.setdefault((row["name"], workers), row)
-        if workers == 1 and row.get("compute_s"):
-            alone[row["name"], row["devices"]] = row
-    for row in rows:
-        b = base.get((row["name"], row.get("workers_per_device", 1)))
-        if b is None or row["throughput"] is None:
-            row["efficiency"] = None
-        else:
-            row["efficiency"] = row["throughput"] / (row["devices"] / b["devices"] * b["throughput"])
+    devices with as many workers per device (:func:`mgpu.report.efficiency`); and
+    ``compute_vs_one_worker``, its ``compute_s`` over the same job's on as many devices
+    with one worker each."""
+    effs = efficiency(rows, lambda r: (r["name"], r.get("workers_per_device", 1)), lambda r: r["throughput"])
+    alone = {(r["name"], r["devices"]): r for r in rows if r.get("workers_per_device", 1) == 1 and r.get("compute_s")}
+    for row, eff in zip(rows, effs, strict=True):
+        row["efficiency"] = eff
         one = alone.get((row["name"], row["devices"]))
         row["compute_vs_one_worker"] = (
             row["compute_s"] / one["compute_s"] if one is not None and row.get("compute_s") else None
@@ -63,15 +47,14 @@ def run(opts: Options) -> tuple[dict[str, Any], dict[str, Any]]:
     """
     if opts.devices is None:
         backend = opts.backend if opts.backend != "auto" else ("cuda" if gpu_count() else "cpu")
-        have = gpu_count() if backend == "cuda" else min(os.cpu_count() or 1, 4)
-        opts.devices = default_counts(max(have, 1))
+        opts.devices = default_counts(backend, most=None if backend == "cuda" else 4)
     backend, sizes, counts = resolve(opts)
     most = int(opts.extra.get("workers_per_device") or 1)
     if most > 1 and backend != "cuda":
         raise BenchInputError(
             "--workers-per-device: several workers per device is for GPUs; CPU workers are one per core"
         )
-    workers = default_counts(most)
+    workers = counts_up_to(most)
     s = SIZES[sizes]
     n = s["matmul"]
     jobs = [
@@ -92,7 +75,7 @@ def run(opts: Options) -> tuple[dict[str, Any], dict[str, Any]]:
         *job_files(opts.extra.get("jobs") or []),
     ]
     runs = run_jobs(opts, jobs, backend, counts, workers, one_cluster=most > 1)
-    summary = efficiency(summarize(runs))
+    summary = with_efficiency(summarize(runs))
     for row in summary:
         if row.get("workers_per_device", 1) > 1:
             ratio = row["compute_vs_one_worker"]
