@@ -45,6 +45,19 @@ def test_the_mandelbrot_check_counts_again_on_the_gpu_and_fails_a_misplaced_band
     assert bad.verify_ok is False and bad.verify_error > 0
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_checks_own_points_match_the_bands_axes_across_a_wide_image(dtype):
+    # The check makes its points in its kernel from the pixel indices, the band's kernel
+    # reads axes made on the host: a correct band passes only if the two agree bit for bit.
+    from mgpu.worker.runtime import _cuda_device
+
+    dev = _cuda_device()
+    params = MandelbrotParams(width=65536, height=4096, xmin=-2.25, xmax=0.75, ymin=-1.5, ymax=1.5, dtype=dtype)
+    for index, rows in enumerate([(0, 64), (1000, 1100), (4000, 4096)]):
+        record = run_tile(Mandelbrot(params), dev, Tile(index, {"rows": rows}))
+        assert record.verify_ok is True and record.verify_error == 0.0
+
+
 def test_a_submit_joins_the_gpu_cluster_up_started_and_down_leaves_no_process(tmp_path):
     cache = tmp_path / "cache"
     up = _mgpu(cache, "cluster", "up", "--backend", "cuda", "--devices", "1", "--no-dashboard", timeout=300)

@@ -13,7 +13,7 @@ import numpy as np
 
 from ...worker.kernels import is_cupy
 
-__all__ = ["mandelbrot_axes", "mandelbrot_counts", "mandelbrot_points", "mandelbrot_scratch"]
+__all__ = ["mandelbrot_axes", "mandelbrot_counts", "mandelbrot_differ", "mandelbrot_points", "mandelbrot_scratch"]
 
 
 def mandelbrot_axes(
@@ -25,18 +25,18 @@ def mandelbrot_axes(
     same c.
     """
     return mandelbrot_points(
-        width=width, height=height, bounds=bounds, rows=np.arange(rows[0], rows[1]), cols=np.arange(width), dtype=dtype
+        width=width, height=height, bounds=bounds, rows=range(rows[0], rows[1]), cols=range(width), dtype=dtype
     )
 
 
 def mandelbrot_points(
-    *, width: int, height: int, bounds: tuple[float, float, float, float], rows: Any, cols: Any, dtype: Any
+    *, width: int, height: int, bounds: tuple[float, float, float, float], rows: range, cols: range, dtype: Any
 ) -> tuple[np.ndarray, np.ndarray]:
-    """x of the columns ``cols`` and y of the rows ``rows`` (integer arrays), as
-    :func:`mandelbrot_axes` gives them: the points of a sample, in memory of its size."""
+    """x of the columns ``cols`` and y of the rows ``rows``, as :func:`mandelbrot_axes`
+    gives them: the points of a sample, in memory of its size."""
     xmin, xmax, ymin, ymax = bounds
-    j = np.asarray(cols, dtype=np.float64)
-    i = np.asarray(rows, dtype=np.float64)
+    j = np.arange(cols.start, cols.stop, cols.step, dtype=np.float64)
+    i = np.arange(rows.start, rows.stop, rows.step, dtype=np.float64)
     x = xmin + (j + 0.5) * ((xmax - xmin) / width)
     y = ymax - (i + 0.5) * ((ymax - ymin) / height)
     return x.astype(dtype), y.astype(dtype)
@@ -58,14 +58,9 @@ def mandelbrot_counts(xp: Any, x: Any, y: Any, max_iter: int) -> Any:
     return _numpy_mandelbrot(np.asarray(x), np.asarray(y), max_iter)
 
 
-@functools.cache
-def _cupy_mandelbrot_kernel() -> Any:
-    import cupy
-
-    return cupy.ElementwiseKernel(
-        "T cr, T ci, int32 max_iter",
-        "int32 count",
-        """
+# Steps z <- z*z + c from z = 0 until |z|^2 > 4 or max_iter, counted in n: the same
+# operations in the same order as the NumPy branch (compiled without FMA contraction).
+_ITERATE = """
         T zr = 0, zi = 0;
         int n = 0;
         while (n < max_iter) {
@@ -77,9 +72,83 @@ def _cupy_mandelbrot_kernel() -> Any:
             zr = zr2 - zi2 + cr;
             ++n;
         }
-        count = n;
-        """,
+"""
+
+
+@functools.cache
+def _cupy_mandelbrot_kernel() -> Any:
+    import cupy
+
+    return cupy.ElementwiseKernel(
+        "T cr, T ci, int32 max_iter",
+        "int32 count",
+        _ITERATE + "count = n;",
         "mgpu_mandelbrot",
+        options=("--fmad=false",),
+    )
+
+
+def mandelbrot_differ(
+    counts: Any,
+    *,
+    first_row: int,
+    width: int,
+    height: int,
+    bounds: tuple[float, float, float, float],
+    rows: range,
+    cols: range,
+    dtype: Any,
+    max_iter: int,
+) -> Any:
+    """On a GPU, in one launch: 1 for each pixel of ``rows`` x ``cols`` whose count in
+    ``counts`` (a band of the image starting at row ``first_row``) differs from the count
+    of its point made again from its indices as :func:`mandelbrot_points` makes it.
+
+    One kernel, so the check is not a train of small launches each waiting its turn (and
+    its thread's) behind other bands.
+    """
+    import cupy
+
+    xmin, xmax, ymin, ymax = bounds
+    out = cupy.empty((len(rows), len(cols)), dtype=np.int32)
+    _cupy_differ_kernel()(
+        counts,
+        np.int64(first_row),
+        np.int64(width),
+        np.int64(rows.start),
+        np.int64(rows.step),
+        np.int64(len(cols)),
+        np.int64(cols.start),
+        np.int64(cols.step),
+        np.float64(xmin),
+        np.float64((xmax - xmin) / width),
+        np.float64(ymax),
+        np.float64((ymax - ymin) / height),
+        np.dtype(dtype).type(0),
+        np.int32(max_iter),
+        out,
+    )
+    return out
+
+
+@functools.cache
+def _cupy_differ_kernel() -> Any:
+    import cupy
+
+    return cupy.ElementwiseKernel(
+        "raw int32 counts, int64 first_row, int64 width, int64 row0, int64 row_step, int64 n_cols, "
+        "int64 col0, int64 col_step, float64 xmin, float64 xscale, float64 ymax, float64 yscale, T like, "
+        "int32 max_iter",
+        "int32 differ",
+        """
+        long long row = row0 + (i / n_cols) * row_step;
+        long long col = col0 + (i % n_cols) * col_step;
+        T cr = (T)(xmin + ((double)col + 0.5) * xscale);
+        T ci = (T)(ymax - ((double)row + 0.5) * yscale);
+        """
+        + _ITERATE
+        + "differ = n != counts[(row - first_row) * width + col];",
+        "mgpu_mandelbrot_differ",
         options=("--fmad=false",),
     )
 

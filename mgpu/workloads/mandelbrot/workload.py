@@ -22,7 +22,7 @@ from ...worker.sources import NpySink, check_output_path
 from ...worker.stores import output_sink
 from ...worker.tile import TileContext, run_tile
 from ..base import Estimates, Outputs, Workload
-from .kernels import mandelbrot_axes, mandelbrot_counts, mandelbrot_points, mandelbrot_scratch
+from .kernels import mandelbrot_axes, mandelbrot_counts, mandelbrot_differ, mandelbrot_points, mandelbrot_scratch
 
 __all__ = ["Mandelbrot", "MandelbrotParams", "render_png", "row_costs"]
 
@@ -222,28 +222,38 @@ class Mandelbrot(Workload[MandelbrotParams], Estimates, Outputs):
 
     def check(self, ctx: TileContext, tile: Tile, answer: _Band) -> Callable[[], tuple[float, bool]]:
         """The band's sampled pixels (see :func:`_sample`) counted again on its device, from
-        their own points (made from the pixel indices, not the band's axes) by one small
-        launch queued behind the band: a band placed over the wrong rows or window, or
-        counts changed after the kernel, differ. The verdict is read once the stream is
+        their own points (made from the pixel indices, not the band's axes; on a GPU in
+        the same one launch, queued behind the band): a band placed over the wrong rows or
+        window, or counts changed after the kernel, differ. The verdict is read once the stream is
         done; the share of samples that differ is the error, and any fails the band.
         (Both backends count bit-for-bit as NumPy does, which the GPU tests check, so a
         correct band matches exactly.)"""
         p, dev = self.params, ctx.dev
         rows, step = _sample(tile, p.width)
-        x, y = mandelbrot_points(
-            width=p.width,
-            height=p.height,
-            bounds=(p.xmin, p.xmax, p.ymin, p.ymax),
-            rows=rows,
-            cols=np.arange(0, p.width, step),
-            dtype=p.dtype,
-        )
-        want = mandelbrot_counts(dev.xp, dev.to_device(x), dev.to_device(y), p.max_iter)
-        got = _take_sample(dev.xp, answer.counts, tile, p.width)
-        differ = dev.xp.count_nonzero(got != want)
+        cols = range(0, p.width, step)
+        bounds = (p.xmin, p.xmax, p.ymin, p.ymax)
+        if dev.is_gpu:  # the points made on the device: a copy from the host would wait for the band
+            differ = dev.xp.count_nonzero(
+                mandelbrot_differ(
+                    answer.counts,
+                    first_row=tile.bounds["rows"][0],
+                    width=p.width,
+                    height=p.height,
+                    bounds=bounds,
+                    rows=rows,
+                    cols=cols,
+                    dtype=p.dtype,
+                    max_iter=p.max_iter,
+                )
+            )
+        else:
+            x, y = mandelbrot_points(width=p.width, height=p.height, bounds=bounds, rows=rows, cols=cols, dtype=p.dtype)
+            got = _take_sample(np, answer.counts, tile, p.width)
+            differ = np.count_nonzero(got != mandelbrot_counts(np, x, y, p.max_iter))
+        sampled = len(rows) * len(cols)
 
         def verdict() -> tuple[float, bool]:
-            share = int(dev.to_host(differ)) / want.size
+            share = int(dev.to_host(differ)) / sampled
             return share, share == 0.0
 
         return verdict
@@ -363,14 +373,16 @@ def row_costs(p: MandelbrotParams, group: int = 1) -> np.ndarray:
     return np.interp(at, np.arange(rows), per_row) * size
 
 
-def _sample(tile: Tile, width: int) -> tuple[list[int], int]:
+def _sample(tile: Tile, width: int) -> tuple[range, int]:
     """The pixels of a band that are checked: rows (of the image), and a column step.
 
-    The band's first row and one more that varies by tile, over evenly spaced columns
-    (every ``step``-th, column 0 among them); a tile passes when every sampled count matches.
+    The band's first row and one more that varies by tile (the same row when that is the
+    first), over evenly spaced columns (every ``step``-th, column 0 among them); a tile
+    passes when every sampled count matches.
     """
     r0, r1 = tile.bounds["rows"]
-    rows = sorted({r0, r0 + (tile.index * 7919) % (r1 - r0)})
+    offset = (tile.index * 7919) % (r1 - r0)
+    rows = range(r0, r0 + offset + 1, offset) if offset else range(r0, r0 + 1)
     return rows, max(1, math.ceil(width / _CHECK_COLUMNS))
 
 
