@@ -111,8 +111,8 @@ def mandelbrot_differ(
 
     xmin, xmax, ymin, ymax = bounds
     out = cupy.empty((len(rows), len(cols)), dtype=np.int32)
-    _cupy_differ_kernel()(
-        counts,
+    _cupy_differ_kernel(np.dtype(dtype).name)(
+        counts.reshape(-1),  # C-ordered: the kernel finds a pixel by its flat index
         np.int64(first_row),
         np.int64(width),
         np.int64(rows.start),
@@ -124,7 +124,6 @@ def mandelbrot_differ(
         np.float64((xmax - xmin) / width),
         np.float64(ymax),
         np.float64((ymax - ymin) / height),
-        np.dtype(dtype).type(0),
         np.int32(max_iter),
         out,
     )
@@ -132,12 +131,13 @@ def mandelbrot_differ(
 
 
 @functools.cache
-def _cupy_differ_kernel() -> Any:
+def _cupy_differ_kernel(dtype: str) -> Any:
     import cupy
 
+    # The points' type named in the preamble: CuPy infers a type placeholder only from arrays.
     return cupy.ElementwiseKernel(
         "raw int32 counts, int64 first_row, int64 width, int64 row0, int64 row_step, int64 n_cols, "
-        "int64 col0, int64 col_step, float64 xmin, float64 xscale, float64 ymax, float64 yscale, T like, "
+        "int64 col0, int64 col_step, float64 xmin, float64 xscale, float64 ymax, float64 yscale, "
         "int32 max_iter",
         "int32 differ",
         """
@@ -148,8 +148,9 @@ def _cupy_differ_kernel() -> Any:
         """
         + _ITERATE
         + "differ = n != counts[(row - first_row) * width + col];",
-        "mgpu_mandelbrot_differ",
+        f"mgpu_mandelbrot_differ_{dtype}",
         options=("--fmad=false",),
+        preamble=f"typedef {'float' if dtype == 'float32' else 'double'} T;",
     )
 
 
