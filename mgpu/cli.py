@@ -278,10 +278,13 @@ def submit(
         _dry_run(job_files, overrides, json_path)
         return
     try:
+        running = None if own_cluster or scheduler else _running_cluster()
+        if scheduler or running is not None:
+            _client_only()  # before the jobs load: their workloads import Dask's client
         jobs = [load_job(f, overrides) for f in job_files]
         security = client_security(tls_ca_file, tls_cert, tls_key)
-        if not own_cluster and not any(j.cluster.scheduler for j in jobs):
-            jobs = _on_running_cluster(jobs, console)
+        if running is not None and not any(j.cluster.scheduler for j in jobs):
+            jobs = _on_running_cluster(jobs, running, console)
         if all(j.cluster.scheduler for j in jobs):
             _client_only()
         from .client.preflight import check_written  # after _client_only: it imports Dask's client
@@ -325,14 +328,17 @@ def _client_only() -> None:
             sys.modules[name] = None  # type: ignore[assignment]  # an import of it raises ImportError
 
 
-def _on_running_cluster(jobs: list[Any], console: Console) -> list[Any]:
-    """``jobs`` pointed at the cluster mgpu cluster up started, where one is up (saying so)."""
-    from .api import as_job
+def _running_cluster() -> Any:
+    """The cluster mgpu cluster up started, if one is up (else None)."""
     from .background import find
 
-    running = find()
-    if running is None:
-        return jobs
+    return find()
+
+
+def _on_running_cluster(jobs: list[Any], running: Any, console: Console) -> list[Any]:
+    """``jobs`` pointed at ``running``, the cluster mgpu cluster up started (saying so)."""
+    from .api import as_job
+
     console.print(
         f"mgpu: joining the running cluster at {running.address} (mgpu cluster up; --own-cluster starts one instead)",
         soft_wrap=True,

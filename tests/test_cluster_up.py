@@ -65,9 +65,11 @@ def test_a_submit_runs_on_the_cluster_up_started_and_down_leaves_no_process(tmp_
             workers = set(client.scheduler_info(n_workers=-1)["workers"])
         result = json.loads(out.read_text())
         assert result["startup"]["cluster_s"] < 2 and {d["worker"] for d in result["per_device"]} == workers
-        # A submit to the running cluster imports no GPU library in the client, though one is there.
+        # A submit to the running cluster imports no GPU library in the client, though one is
+        # there: not even while its job loads (Mandelbrot's workload imports Dask's client).
         env = {**stand_ins(tmp_path / "site"), "DASK_MGPU__CACHE_DIR": str(cache)}
-        submitted = f"import sys\nfrom mgpu.cli import main\nsys.argv = ['mgpu', 'submit', {str(job)!r}, '-q']\n"
+        small = write_job(tmp_path / "small.yaml", {"workload": "mandelbrot", "params": {"width": 64, "height": 48}})
+        submitted = f"import sys\nfrom mgpu.cli import main\nsys.argv = ['mgpu', 'submit', {str(small)!r}, '-q']\n"
         assert (
             gpu_modules_after(submitted + "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code", env) == []
         )
