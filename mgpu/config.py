@@ -136,6 +136,16 @@ class Recovery(_Section):
     tile_deadline_slack: float = 5.0
     tile_deadline_floor: float = 10.0  # seconds
     tile_deadline_unestimated: float = 600.0  # seconds, where no estimate exists
+    # A stepped job's tiles save their state every this many steps, kept on two workers;
+    # 0: never (a job that loses a worker starts its steps again from step 0).
+    checkpoint_steps: int = 0
+
+    @field_validator("checkpoint_steps", mode="before")
+    @classmethod
+    def _steps(cls, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{value!r} is not a whole number of steps, 0 or more (0: no checkpoints)")
+        return value
 
     @field_validator("tile_deadline_slack", mode="before")
     @classmethod

@@ -153,6 +153,8 @@ class Timeline(BaseModel):
 class Recovery(BaseModel):
     lost_workers: list[str] = []  # addresses of workers that left the cluster during the job
     recomputed_tiles: list[int] = []  # tiles resubmitted to other workers because theirs was lost
+    # A stepped job's: the step its tiles went back to, once per worker lost (0: their inputs).
+    resumed_from_steps: list[int] = []
     # The process of each worker that finished a tile, as records name it ("host:pid") ->
     # its address: a worker lost and the one that replaced it (same host and device) are
     # told apart by it. Not saved.

@@ -82,7 +82,8 @@ def print_result(result: Result, console: Console) -> None:
         table.add_row(
             "recovered",
             f"lost {', '.join(result.recovery.lost_workers)}; "
-            f"recomputed tiles {result.recovery.recomputed_tiles[:20]} elsewhere",
+            f"recomputed tiles {result.recovery.recomputed_tiles[:20]} elsewhere"
+            + "".join(f", from step {step}" for step in result.recovery.resumed_from_steps[:5]),
         )
     for path in result.outputs:
         table.add_row("output", path)

@@ -38,7 +38,10 @@ Optional capabilities, each a class to subclass beside :class:`Workload`
     those the job moved.
 :class:`Stepped`
     ``start``, ``step``, ``finish_step``: tiles that keep their state on their worker and
-    exchange data with their neighbours at every step (``Plan.steps``, ``Tile.neighbours``).
+    exchange data with their neighbours at every step (``Plan.steps``, ``Tile.neighbours``);
+    ``save`` and ``restore`` (optional): a tile's state in host memory after a step, kept on
+    two workers every ``mgpu.recovery.checkpoint-steps`` steps, from which the tiles go on
+    after a worker is lost (without them, from step 0).
 :class:`Outputs`
     ``prepare(force=...)``: outputs checked and their files or stores (:func:`output_sink`
     makes an :class:`NpySink` or a :class:`ZarrSink` by the path's suffix; see

@@ -1,7 +1,7 @@
 """Faults the tests inject from their side: a tile whose answer is spoiled between its run
-and its check, for the tests that prove every workload's check fails a job; tiles held
-before they start, for the tests that stop a job mid-way; and writes into an output that
-fail mid-way. Each is a worker plugin that wraps a function in each worker's process
+and its check, for the tests that prove every workload's check fails a job; tiles (or a
+stepped job's steps) held before they start, for the tests that stop a job mid-way; and
+writes into an output that fail mid-way. Each is a worker plugin that wraps a function in each worker's process
 (tasks name it by reference, so the workers find the wrapper); teardown puts it back."""
 
 from __future__ import annotations
@@ -46,7 +46,10 @@ def spoiled(workload: Any) -> Any:
 
 
 class _WrapsRunTile(WorkerPlugin):
-    """Replace ``mgpu.worker.tasks.run_tile`` in the worker's process with :meth:`wrap`'s."""
+    """Replace the task ``mgpu.worker.tasks.<task>`` (``run_tile`` unless a subclass says)
+    in the worker's process with :meth:`wrap`'s."""
+
+    task = "run_tile"
 
     def __init__(self) -> None:
         self._real: Any = None
@@ -57,14 +60,14 @@ class _WrapsRunTile(WorkerPlugin):
     def setup(self, worker: Any = None) -> None:
         import mgpu.worker.tasks
 
-        self._real = mgpu.worker.tasks.run_tile
-        mgpu.worker.tasks.run_tile = functools.wraps(self._real)(self.wrap(self._real))
+        self._real = getattr(mgpu.worker.tasks, self.task)
+        setattr(mgpu.worker.tasks, self.task, functools.wraps(self._real)(self.wrap(self._real)))
 
     def teardown(self, worker: Any = None) -> None:
         import mgpu.worker.tasks
 
         if self._real is not None:
-            mgpu.worker.tasks.run_tile = self._real
+            setattr(mgpu.worker.tasks, self.task, self._real)
 
 
 class SpoilTile(_WrapsRunTile):
@@ -103,6 +106,13 @@ class SlowTiles(_WrapsRunTile):
             return real(*args, **kwargs)
 
         return slow
+
+
+class SlowSteps(SlowTiles):
+    """Hold every step of a stepped job ``seconds`` before it starts, on these workers."""
+
+    name = "mgpu-test-slow-steps"
+    task = "step_tile"
 
 
 class FailWrites(WorkerPlugin):

@@ -87,7 +87,7 @@ def test_submit_joins_a_running_cluster_by_scheduler_file_and_leaves_it_running(
     # Tiles ran on both workers the scheduler reported (named 0 and 1), two each.
     assert sorted(d["id"] for d in data["devices"]) == [0, 1]
     assert sorted(d["tiles"] for d in data["per_device"]) == [2, 2]
-    assert data["recovery"] == {"lost_workers": [], "recomputed_tiles": []}
+    assert data["recovery"] == {"lost_workers": [], "recomputed_tiles": [], "resumed_from_steps": []}
     np.testing.assert_allclose(np.load(tmp_path / "c.npy"), reference(64, 48, 40), rtol=1e-12, atol=1e-12)
     # The cluster is still there, whole, and holds nothing of the job.
     assert all(p.poll() is None for p in two_workers.processes())

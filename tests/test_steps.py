@@ -3,14 +3,18 @@ at every step (the core's support, shown with a workload defined here)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any
 
 import cloudpickle
+import dask
 import numpy as np
 import pytest
+from conftest import wait_for
 from pydantic import BaseModel, ConfigDict
 
+from mgpu.client.steps import SteppedRun
 from mgpu.client.submit import run_plan
 from mgpu.cluster import open_cluster, resolve_cluster
 from mgpu.errors import JobFailed
@@ -18,6 +22,7 @@ from mgpu.spec import ClusterSpec
 from mgpu.tiling import Plan, Tile, assign_contiguous
 from mgpu.worker import tasks
 from mgpu.worker import tile as routine
+from mgpu.worker.device import Device, DeviceFacts
 from mgpu.worker.exchange import PeerBuffers
 from mgpu.workloads.base import Stepped, Workload
 
@@ -62,6 +67,13 @@ class Relay(Workload, Stepped):
         ctx.record.work += 1.0
         return {n: state["value"].copy() for n in tile.neighbours}
 
+    def save(self, ctx: Any, tile: Tile) -> dict:
+        return {"value": ctx.state["value"].copy(), "seen": list(ctx.state["seen"])}
+
+    def restore(self, ctx: Any, tile: Tile, step: int, saved: dict) -> dict:
+        ctx.state = {"value": saved["value"].copy(), "seen": list(saved["seen"])}
+        return {n: ctx.state["value"].copy() for n in tile.neighbours}
+
     def run(self, ctx: Any, tile: Tile) -> dict:
         return ctx.state
 
@@ -89,8 +101,6 @@ def _relay(n: int, steps: int) -> np.ndarray:
 
 
 def test_steps_in_one_process_keep_state_and_pass_what_neighbours_sent():
-    from mgpu.worker.device import Device, DeviceFacts
-
     dev = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h"))
     wl = Relay(RelayParams(tiles=3, steps=3))
     plan = wl.plan({"w": None}, 1 << 20, {})
@@ -159,4 +169,111 @@ def test_a_step_that_fails_fails_the_job(scheduler):
         with pytest.raises(JobFailed, match="step 2 broke"):
             run_plan(info.client, wl, wl.plan(info.devices, 1 << 20, {}))
         held = info.client.run(_stepped_tiles_held)
+    assert set(held.values()) == {0}
+
+
+def _steps(wl: Relay, plan: Plan, dev: Any, store: routine.StepStore, first: int, last: dict, save_at: int = 0) -> dict:
+    """Steps ``first`` onward of ``plan`` in this process; with ``save_at``, the state after that many is saved."""
+    for step in range(first, plan.steps):
+        last = {
+            t.index: routine.step_tile(
+                wl,
+                dev,
+                t,
+                step,
+                "tok",
+                last.get(t.index),
+                [last[n] for n in t.neighbours if n in last],
+                save=step + 1 == save_at,
+                steps=store,
+                buffers=PeerBuffers(),
+            )
+            for t in plan.tiles
+        }
+    return last
+
+
+def test_tiles_resumed_from_a_checkpoint_on_another_device_end_as_if_never_stopped():
+    dev = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h"))
+    wl = Relay(RelayParams(tiles=4, steps=7))
+    plan = wl.plan({"w": None}, 1 << 20, {})
+    store = routine.StepStore()
+    _steps(wl, plan, dev, store, 0, {}, save_at=3)
+    saved = [store.take("tok", t.index, 3) for t in plan.tiles]
+    first = {t.index: store.get("tok", t.index).record for t in plan.tiles}
+    # The state went on past step 3 after the save: the checkpoint kept it as it was.
+    assert [c.state["value"][0] for c in saved] == list(_relay(4, 3))
+    assert all(c.work == 3.0 and c.start == first[c.index].start for c in saved)
+
+    other = Device("cpu", np, DeviceFacts("cpu", 1, "cpu", 1 << 30, 1 << 30, "h"))
+    fresh = routine.StepStore()  # the first worker's tiles are gone
+    resumed = {c.index: routine.resume_tile(wl, other, plan.tiles[c.index], c, "tok", steps=fresh) for c in saved}
+    last = _steps(wl, plan, other, fresh, 3, resumed)
+    records = [routine.run_tile(wl, other, t, token="tok", stepped=last[t.index], steps=fresh) for t in plan.tiles]
+    assert [r.value for r in records] == list(_relay(4, 7))
+    # Each record counts the whole tile's work (7 steps) from its first step's start.
+    assert all(r.work == 7.0 and r.start == first[r.index].start for r in records)
+    assert records[1].extra["seen"] == [(0, []), *((s, [0, 2]) for s in range(1, 7))]
+    assert fresh.held() == 0
+
+
+def test_a_workload_that_saves_nothing_is_not_resumable():
+    class Plain(Relay):
+        save = Stepped.save  # type: ignore[assignment]
+
+    assert Relay(RelayParams()).resumable and not Plain(RelayParams()).resumable
+
+
+def _checkpoints_held(dask_worker: Any) -> int:
+    return len(tasks.current(dask_worker).steps._saved)
+
+
+def test_checkpoints_are_kept_on_two_workers_and_the_steps_regroup_from_the_latest(scheduler):
+    wl = Relay(RelayParams(tiles=4, steps=7))
+    with open_cluster(resolve_cluster(ClusterSpec(scheduler=scheduler, dashboard=None))) as info:
+        client = info.client
+        plan = wl.plan(info.devices, 1 << 20, {})
+        workers = sorted({t.worker for t in plan.tiles})
+        run = SteppedRun(client, wl, plan, "ckpt", every=2)
+        last = run.start()
+        client.gather(list(last.values()))
+
+        # Checkpoints after steps 2 and 4 were made; the newest set (6) was kept twice, the older let go.
+        def kept() -> list[list[str]]:
+            return client.run_on_scheduler(
+                lambda dask_scheduler: sorted(
+                    str(k).split("-")[:4] for k, ts in dask_scheduler.tasks.items() if "-kept-" in str(k)
+                )
+            )
+
+        newest = [["relay", "kept", str(i), "6"] for i in range(4)]
+        with contextlib.suppress(TimeoutError):  # the older are let go as the newest are kept
+            wait_for(lambda: kept() == newest, 10, "the older checkpoints let go")
+        assert kept() == newest
+        # Lose (as far as the steps know) the second worker: every tile goes back to step 6,
+        # its tiles on the first worker, restored from the copies kept there.
+        placement = run.regroup([workers[0]])
+        assert placement == {t.index: workers[0] for t in plan.tiles}
+        assert run.resumed_from == [6] and run.tokens == ["ckpt", "ckpt-1"]
+        futures = [
+            client.submit(tasks.run_tile, wl, t, None, run.token, run.last[t.index], workers=[workers[0]], pure=False)
+            for t in plan.tiles
+        ]
+        records = client.gather(futures)
+        assert [r.value for r in records] == list(_relay(4, 7))
+        assert all(r.work == 7.0 for r in records)
+        run.cancel()
+        for token in run.tokens:
+            client.run(tasks.end_job, token, "close")
+        assert set(client.run(_checkpoints_held).values()) == {0}
+        assert set(client.run(_stepped_tiles_held).values()) == {0}
+
+
+def test_a_stepped_plan_with_checkpoints_gives_the_same_answer(scheduler):
+    wl = Relay(RelayParams(tiles=5, steps=6))
+    with dask.config.set({"mgpu.recovery.checkpoint-steps": 2}):
+        with open_cluster(resolve_cluster(ClusterSpec(scheduler=scheduler, dashboard=None))) as info:
+            records = run_plan(info.client, wl, wl.plan(info.devices, 1 << 20, {}))
+            held = info.client.run(_checkpoints_held)
+    assert sorted((r.index, r.value) for r in records) == list(enumerate(_relay(5, 6)))
     assert set(held.values()) == {0}

@@ -104,6 +104,10 @@ class TileTracker:
         finished tile, or its first tile's submission) before it is taken as stuck; None: never.
     retire
         Called with a stuck worker's address to take it out of the cluster (it is then lost).
+    regroup
+        For tiles that wait on one another (a stepped plan's): called with the workers left
+        once one is lost, it submits what the tiles wait on again and returns each tile's
+        worker; every tile in flight is then resubmitted there, not the lost worker's alone.
     """
 
     client: Any
@@ -111,6 +115,7 @@ class TileTracker:
     on_lost: Callable[[str, list[int]], None] = lambda worker, tiles: None
     deadline_s: float | None = None
     retire: Callable[[str], None] = lambda worker: None
+    regroup: Callable[[list[str]], dict[int, str] | None] | None = None
     lost_workers: list[str] = field(default_factory=list)
     stuck_workers: list[str] = field(default_factory=list)
     # The process ("host:pid", as tile records name it) of each worker that finished a tile -> its address.
@@ -122,6 +127,7 @@ class TileTracker:
     _last_check: float = field(default_factory=time.monotonic)
     _no_workers_since: float | None = None
     _progress: dict[str, float] = field(default_factory=dict)  # worker -> when it last finished a tile
+    _rounds: int = 0  # how many times the tiles were regrouped
 
     def __post_init__(self) -> None:
         self._known = set(self._workers())
@@ -222,11 +228,12 @@ class TileTracker:
 
     def check_workers(self, gone: set[str] | None = None) -> None:
         """Ask the scheduler which workers remain (less ``gone``, retired here); resubmit
-        tiles placed on any that left."""
+        tiles placed on any that left (with ``regroup``: every tile in flight, once a
+        worker of theirs left)."""
         self._last_check = time.monotonic()
         live = [w for w in self._workers() if w not in (gone or set()) and w not in self.stuck_workers]
-        for worker in sorted(self._known - set(live)):
-            self.lost_workers.append(worker)
+        left = self._known - set(live)
+        self.lost_workers.extend(sorted(left))
         self._known = set(live)
 
         if not live and self._in_flight:
@@ -239,15 +246,25 @@ class TileTracker:
             return
         self._no_workers_since = None
         stranded = [e for e in self._in_flight.values() if e.worker is not None and e.worker not in self._known]
-        if not stranded:
+        placement = self.regroup(live) if self.regroup is not None and self._in_flight and (left or stranded) else None
+        if not stranded and placement is None:
             return
-        self.client.cancel([e.future for e in stranded])
         by_worker: dict[str, list[int]] = {}
-        for i, e in enumerate(stranded):
-            del self._in_flight[e.future.key]
+        for e in stranded:
             by_worker.setdefault(e.worker, []).append(e.tile.index)  # type: ignore[arg-type]
             self.recomputed_tiles.append(e.tile.index)
-            # Spread the stranded tiles over the survivors, keeping each restricted to one.
-            self.submit(e.tile, live[i % len(live)], attempt=self.recomputed_tiles.count(e.tile.index))
+        if placement is not None:  # the tiles wait on one another: all go again
+            moved = list(self._in_flight.values())
+            self.client.cancel([e.future for e in moved])
+            self._in_flight.clear()
+            self._rounds += 1
+            for e in moved:
+                self.submit(e.tile, placement[e.tile.index], attempt=self._rounds)
+        else:
+            self.client.cancel([e.future for e in stranded])
+            for i, e in enumerate(stranded):
+                del self._in_flight[e.future.key]
+                # Spread the stranded tiles over the survivors, keeping each restricted to one.
+                self.submit(e.tile, live[i % len(live)], attempt=self.recomputed_tiles.count(e.tile.index))
         for worker, tiles in by_worker.items():
             self.on_lost(worker, sorted(tiles))

@@ -1,8 +1,8 @@
 """Place a plan's panels and tiles on the workers and collect the tiles' records.
 
 Placement is the plan's: static tiles go to their worker, dynamic ones to whichever worker
-has room; the steps of a stepped plan go to their tile's worker. Only small records come
-back; inputs are made or read by the workers.
+has room; the steps of a stepped plan go to their tile's worker (:mod:`mgpu.client.steps`).
+Only small records come back; inputs are made or read by the workers.
 """
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from distributed import wait
-from distributed.comm import get_address_host
 
+from .. import config
 from ..errors import JobFailed
 from ..results import Recovery
 from ..tiling import Plan, Tile
-from ..worker.tasks import end_job, lost_stepped_tile, make_panel, run_tile, step_tile, warmup
+from ..worker.tasks import end_job, make_panel, run_tile, warmup
 from ..workloads.base import TileRecord, Workload
 from .recover import TileTracker
+from .steps import SteppedRun
 
-__all__ = ["panel_priorities", "run_plan", "submit_steps", "tile_places", "warm_up"]
+__all__ = ["panel_priorities", "run_plan", "tile_places", "warm_up"]
 
 # Tiles queued on each worker under dynamic placement, beyond those running at once: two,
 # so a worker never waits for the client's round trip between short tiles.
@@ -109,55 +110,6 @@ def panel_priorities(plan: Plan) -> dict[str, int]:
     return {p.name: -first.get(p.name, len(plan.tiles)) for p in plan.panels}
 
 
-def submit_steps(
-    client: Any,
-    workload: Workload,
-    plan: Plan,
-    token: str,
-    resources: dict[str, float] | None = None,
-    devices: Mapping[str, str] | None = None,
-) -> dict[int, Any]:
-    """Submit every step of a stepped plan (``plan.steps``); returns each tile's last step.
-
-    Step s of a tile runs on the tile's worker after its own step s-1 and its neighbours'
-    (what they sent is an argument); a neighbour on another worker gets its data device
-    to device where both are GPUs of one host or its worker shares this one's GPU (``devices``:
-    each worker's physical device), through the host otherwise. All steps are submitted
-    at once: a worker runs each as soon as what it waits for has run, earlier steps first.
-    """
-    devices = devices or {}
-    where = {t.index: t.worker or "" for t in plan.tiles}  # static: every tile names its worker
-    last: dict[int, Any] = {}
-    for step in range(plan.steps):
-        now = {}
-        for t in plan.tiles:
-            remote = frozenset(n for n in t.neighbours if where[n] != where[t.index])
-            # Workers of one host: their GPUs may reach each other directly (mgpu.worker.exchange).
-            peers = frozenset(n for n in remote if get_address_host(where[n]) == get_address_host(where[t.index]))
-            mine = devices.get(where[t.index])
-            same = frozenset(n for n in peers if mine is not None and devices.get(where[n]) == mine)
-            now[t.index] = client.submit(
-                step_tile,
-                workload,
-                t,
-                step,
-                token,
-                last.get(t.index),
-                [last[n] for n in t.neighbours if n in last],
-                remote,
-                peers,
-                same,
-                key=f"{workload.name}-step-{t.index}-{step}-{token}",
-                workers=[t.worker],
-                allow_other_workers=False,
-                pure=False,
-                resources=resources,
-                priority=-step,
-            )
-        last = now
-    return last
-
-
 # How long releasing a job's buffers on every worker may take (after Ctrl-C: the user waits):
 # a stuck worker (one that never answers) must not keep a job from ending.
 _RELEASE_S = {False: 10.0, True: 1.0}
@@ -228,20 +180,22 @@ def run_plan(
             priority=priorities[p.name],
         )
 
-    stepped = submit_steps(client, workload, plan, token, resources, devices) if plan.steps > 1 else {}
+    steps = None
+    if plan.steps > 1:
+        every = config.load().recovery.checkpoint_steps
+        steps = SteppedRun(client, workload, plan, token, resources, devices or {}, every)
+        steps.start()
 
     def submit(tile: Tile, worker: str | None, attempt: int) -> Any:
         again = f"-r{attempt}" if attempt else ""
-        if stepped and attempt:
-            return client.submit(lost_stepped_tile, tile.index, key=f"{prefix}-{tile.index}-{token}{again}", pure=False)
         needs = {name: panel_futures[name] for name in tile.needs}
         return client.submit(
             run_tile,
             workload,
             tile,
             needs or None,
-            token,
-            stepped.get(tile.index),
+            steps.token if steps else token,  # a stepped tile's context is under its steps' token
+            steps.last.get(tile.index) if steps else None,
             key=f"{prefix}-{tile.index}-{token}{again}",
             workers=[worker] if worker else None,
             allow_other_workers=False,
@@ -252,16 +206,8 @@ def run_plan(
 
     records: list[TileRecord] = []
     pending: deque[Tile] = deque()
-
-    def lost(worker: str, tiles: list[int]) -> None:
-        if stepped:  # said before anything claims the tiles are being recomputed
-            raise JobFailed(
-                f"lost worker {worker}, and with it the state of stepped tile(s) {tiles[:20]}; a stepped job "
-                "cannot recompute a tile alone, so nothing was kept: run the job again"
-            )
-        on_lost(worker, tiles)
-
-    tracker = TileTracker(client, submit, lost, deadline_s=deadline_s, retire=retire)
+    regroup = steps.regroup if steps else None
+    tracker = TileTracker(client, submit, on_lost, deadline_s=deadline_s, retire=retire, regroup=regroup)
     try:
         if plan.placement == "static":
             for t in plan.tiles:
@@ -282,17 +228,20 @@ def run_plan(
             panel_records.extend(ref.record for ref in client.gather(list(panel_futures.values())) if ref.record)
     finally:
         tracker.cancel()
-        if stepped:
-            client.cancel(list(stepped.values()))
+        if steps:
+            steps.cancel()
         if panel_futures:
             client.cancel(list(panel_futures.values()))
-        if stepped or panel_futures:
+        if steps or panel_futures:
             # Every tile has ended: each worker closes what it opened of the others' (panels,
             # exchange buffers) and drops its stepped tiles, then (once all have) frees its own.
-            _on_every_worker(client, end_job, token, "close")
-            _on_every_worker(client, end_job, token, "free")
+            tokens = steps.tokens if steps else [token]
+            for stage in ("close", "free"):
+                for each in tokens:
+                    _on_every_worker(client, end_job, each, stage)
         if recovery is not None:
             recovery.lost_workers = tracker.lost_workers
             recovery.recomputed_tiles = sorted(tracker.recomputed_tiles)
+            recovery.resumed_from_steps = list(steps.resumed_from) if steps else []
             recovery.processes = dict(tracker.processes)
     return records

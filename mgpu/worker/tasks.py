@@ -24,9 +24,12 @@ __all__ = [
     "close_allocator_window",
     "current",
     "device_facts",
+    "drop_stepped",
     "end_job",
-    "lost_stepped_tile",
+    "hand_over_checkpoint",
+    "keep_checkpoint",
     "make_panel",
+    "resume_tile",
     "run_tile",
     "step_tile",
     "warmup",
@@ -93,6 +96,7 @@ def step_tile(
     remote: frozenset[int],
     peers: frozenset[int],
     same_device: frozenset[int] = frozenset(),
+    save: bool = False,
 ) -> _tile.Sent:
     """Step ``step`` of a stepped tile on this worker's device (see :func:`mgpu.worker.tile.step_tile`)."""
     rt = current()
@@ -107,17 +111,31 @@ def step_tile(
         remote,
         peers,
         same_device,
+        save,
         steps=rt.steps,
         buffers=rt.exchange,
     )
 
 
-def lost_stepped_tile(index: int) -> None:
-    """Stands for a stepped tile resubmitted after its worker was lost: its state went too."""
-    raise RuntimeError(
-        f"tile {index} kept its state on a worker that was lost; a stepped job cannot recompute "
-        "one tile alone: run the job again"
-    )
+def hand_over_checkpoint(token: str, index: int, step: int, after: _tile.Sent) -> _tile.Checkpoint:
+    """The checkpoint tile ``index`` saved at its step ``step - 1`` (``after``, that step,
+    only orders them), as this task's result: Dask keeps it in this worker's memory."""
+    return current().steps.take(token, index, step)
+
+
+def keep_checkpoint(checkpoint: _tile.Checkpoint) -> _tile.Checkpoint:
+    """A checkpoint as this task's result: a copy of it in this worker's memory, which
+    outlives the worker that saved it."""
+    return checkpoint
+
+
+def resume_tile(
+    workload: Workload, tile: Tile, checkpoint: _tile.Checkpoint, token: str, remote: frozenset[int]
+) -> _tile.Sent:
+    """Make a stepped tile's context on this worker from a checkpoint (see
+    :func:`mgpu.worker.tile.resume_tile`)."""
+    rt = current()
+    return _tile.resume_tile(workload, rt.device, tile, checkpoint, token, remote, steps=rt.steps)
 
 
 def warmup(workload: Workload, tile: Tile) -> bool:
@@ -156,6 +174,12 @@ def end_job(token: str, stage: Literal["close", "free"], dask_worker: Any = None
         rt.close_opened(token)
     else:
         rt.free_own(token)
+
+
+def drop_stepped(token: str, dask_worker: Any = None) -> int:
+    """Let go of the stepped tiles this worker holds for ``token`` (their steps were
+    submitted again under another: a worker was lost); how many it held."""
+    return current(dask_worker).steps.release(token)
 
 
 def device_facts(dask_worker: Any = None) -> DeviceFacts:

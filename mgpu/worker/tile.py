@@ -6,7 +6,9 @@ counts the bytes it staged and what it spilled, runs the check when the job veri
 and fills the record the client receives. Panels (blocks made once per worker) are made
 through the same routine, and so are the warm-ups' small tiles. A stepped tile (see
 ``Plan.steps``) keeps its context on its worker from its first step to its end, in the
-worker runtime's :class:`StepStore`.
+worker runtime's :class:`StepStore`; at the steps the client names it saves its state
+(a :class:`Checkpoint`, which the client keeps on two workers), and a tile whose worker
+was lost resumes from one on another worker (:func:`resume_tile`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,17 @@ from . import exchange
 from .device import Device, Timing
 from .panels import PanelRef, PanelStore
 
-__all__ = ["Sent", "StepStore", "TileContext", "make_panel", "new_record", "run_tile", "step_tile"]
+__all__ = [
+    "Checkpoint",
+    "Sent",
+    "StepStore",
+    "TileContext",
+    "make_panel",
+    "new_record",
+    "resume_tile",
+    "run_tile",
+    "step_tile",
+]
 
 
 @dataclass
@@ -139,11 +151,26 @@ class Sent:
         return {"sender": self.sender, "data": far, "ready": None}
 
 
+@dataclass
+class Checkpoint:
+    """A stepped tile's state once ``step`` steps were done, in host memory (the workload's
+    :meth:`~mgpu.workloads.base.Stepped.save`), with what its record had counted by then:
+    a tile resumed from it reports the whole job's work, from its first step's start."""
+
+    index: int
+    step: int
+    state: Any
+    start: float
+    work: float
+
+
 class StepStore:
-    """The contexts of one worker's stepped tiles between their steps, by (job token, tile index)."""
+    """The contexts of one worker's stepped tiles between their steps, by (job token, tile
+    index), and the checkpoints they saved until the client takes them."""
 
     def __init__(self) -> None:
         self._contexts: dict[tuple[str, int], TileContext] = {}
+        self._saved: dict[tuple[str, int, int], Checkpoint] = {}
         self._lock = threading.Lock()  # the steps of one worker's tiles run on its task threads
 
     def keep(self, token: str, index: int, ctx: TileContext) -> None:
@@ -163,17 +190,29 @@ class StepStore:
         with self._lock:
             return len(self._contexts)
 
+    def stash(self, token: str, checkpoint: Checkpoint) -> None:
+        """Hold a tile's checkpoint until :meth:`take`."""
+        with self._lock:
+            self._saved[(token, checkpoint.index, checkpoint.step)] = checkpoint
+
+    def take(self, token: str, index: int, step: int) -> Checkpoint:
+        with self._lock:
+            return self._saved.pop((token, index, step))
+
     def release(self, token: str) -> int:
-        """Drop the stepped tiles of one job."""
+        """Drop the stepped tiles of one job (and the checkpoints not taken)."""
         with self._lock:
             gone = [key for key in self._contexts if key[0] == token]
             for key in gone:
                 del self._contexts[key]
+            for saved in [key for key in self._saved if key[0] == token]:
+                del self._saved[saved]
         return len(gone)
 
     def close(self) -> None:
         with self._lock:
             self._contexts.clear()
+            self._saved.clear()
 
 
 def step_tile(
@@ -187,6 +226,7 @@ def step_tile(
     remote: frozenset[int] = frozenset(),
     peers: frozenset[int] = frozenset(),
     same_device: frozenset[int] = frozenset(),
+    save: bool = False,
     *,
     steps: StepStore,
     buffers: exchange.PeerBuffers,
@@ -203,7 +243,8 @@ def step_tile(
     device to device is counted in the tile's record (``bytes_d2d``, and of it
     ``bytes_same_device``). The rest stays on the device, ordered by an event after the step.
     ``steps`` keeps the tile's context between its steps; ``buffers`` are the worker's of
-    that exchange.
+    that exchange. With ``save``, the state after the step is saved (the workload's
+    ``save``) and held in ``steps`` as a :class:`Checkpoint` until the client takes it.
     """
     if not isinstance(workload, Stepped):
         raise TypeError(f"{workload.name} plans no steps: it is not a mgpu.workload.Stepped")
@@ -243,7 +284,39 @@ def step_tile(
                 else d
                 for n, d in out.items()
             }
+        if save:  # after the step's work on this stream: the copy waits for it
+            state = workload.save(ctx, tile)
+            steps.stash(token, Checkpoint(tile.index, step + 1, state, ctx.record.start, ctx.record.work))
         # The next step (and the neighbours' here) may run on another thread's stream.
+        ready = dev.stream.record() if dev.is_gpu else None
+        count(ctx.record)
+    return Sent(tile.index, out, ready)
+
+
+def resume_tile(
+    workload: Workload,
+    dev: Device,
+    tile: Tile,
+    checkpoint: Checkpoint,
+    token: str,
+    remote: frozenset[int] = frozenset(),
+    *,
+    steps: StepStore,
+) -> Sent:
+    """Make a stepped tile's context on this worker from ``checkpoint`` (its state once
+    ``checkpoint.step`` steps were done), as its step ``checkpoint.step - 1`` left it: the
+    tile's next step and its neighbours' take the :class:`Sent` returned as that step's.
+    What goes to a neighbour in ``remote`` (another worker) goes through the host."""
+    if not isinstance(workload, Stepped):
+        raise TypeError(f"{workload.name} plans no steps: it is not a mgpu.workload.Stepped")
+    with dev.on_stream():
+        count = _counter(dev, add=True)
+        record = new_record(dev, tile, checkpoint.start, busy_s=0.0, work=checkpoint.work)
+        ctx = TileContext(dev, record, workload.verify, {}, token)
+        out = workload.restore(ctx, tile, checkpoint.step, checkpoint.state)
+        steps.keep(token, tile.index, ctx)
+        made = dev.stream.record() if dev.is_gpu else None
+        out = {n: _fetch(dev, d, made) if n in remote else d for n, d in out.items()}
         ready = dev.stream.record() if dev.is_gpu else None
         count(ctx.record)
     return Sent(tile.index, out, ready)
@@ -293,10 +366,7 @@ def run_tile(
             raise ValueError(f"tile {tile.index} is stepped: run_tile needs the steps' store (steps=)")
         kept = steps.pop(token, tile.index)
         if kept is None:
-            raise RuntimeError(
-                f"tile {tile.index}'s state is not on this worker (its worker was lost mid-job?): "
-                "a stepped job cannot recompute one tile alone; run the job again"
-            )
+            raise RuntimeError(f"tile {tile.index}'s state is not on this worker: its steps ran elsewhere")
         ctx = kept
         fill = _counter(dev, add=True)
     with dev.on_stream():

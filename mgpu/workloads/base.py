@@ -265,6 +265,25 @@ class Stepped(ABC):
         rows are done). By default nothing: ``step`` did it all."""
         return None
 
+    def save(self, ctx: TileContext, tile: Tile) -> Any:
+        """The tile's state after a completed step as host data (NumPy arrays, copies that
+        later steps leave alone), kept on two workers so a lost worker's tiles resume from
+        it; with :meth:`restore`. By default None: the tiles of a job that loses a worker
+        start again from step 0, from their inputs."""
+        return None
+
+    def restore(self, ctx: TileContext, tile: Tile, step: int, saved: Any) -> dict[int, Any]:
+        """Make ``ctx.state`` (on ``ctx.dev``, perhaps another worker's) from what
+        :meth:`save` returned once ``step`` steps were done; return what the tile sent its
+        neighbours at step ``step - 1`` (as :meth:`step` returned it), which their step
+        ``step`` reads. ``saved`` is shared: copy what the steps change."""
+        raise NotImplementedError(f"{type(self).__name__} saves its tiles' state but cannot restore it")
+
+    @property
+    def resumable(self) -> bool:
+        """Whether the tiles' state can be saved after a step and restored (see :meth:`save`)."""
+        return type(self).save is not Stepped.save
+
 
 class Outputs(ABC):
     """A workload that writes output files: checked and created before any task, renamed

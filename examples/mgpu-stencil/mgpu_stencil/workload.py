@@ -228,6 +228,38 @@ class Stencil(Workload, HostBytes, Stepped, Outputs):
                 band.error = xp.maximum(band.error, row_error(xp, band.prev, band.cur, r, r0, p.height))
         ctx.record.work += 2.0 * rows * p.width * band.cur.itemsize  # the band read once, written once
 
+    def save(self, ctx: TileContext, tile: Tile) -> dict[str, Any]:
+        """The band after a step (with its halo rows) and its sampled error, in host memory."""
+        band: _Band = ctx.state
+        dev = ctx.dev
+        # On a CPU to_host is the array itself, which the next steps overwrite: copy it.
+        return {
+            "cur": np.array(dev.to_host(band.cur), copy=True),
+            "error": None if band.error is None else float(dev.to_host(band.error)),
+        }
+
+    def restore(self, ctx: TileContext, tile: Tile, step: int, saved: dict[str, Any]) -> dict[int, Any]:
+        """The band as :meth:`save` kept it; sends its first and last rows, as its step before did."""
+        p = self.params
+        dev, xp = ctx.dev, ctx.dev.xp
+        cur = dev.to_device(saved["cur"]) if dev.is_gpu else saved["cur"].copy()
+        error = None if saved["error"] is None else xp.asarray(saved["error"], dtype=np.float64)
+        r0, r1 = tile.bounds["rows"]
+        rows = r1 - r0
+        above, below = tile.args["above"], tile.args["below"]
+        sends = {
+            n: (xp.empty(p.width, dtype=p.dtype), xp.empty(p.width, dtype=p.dtype))
+            for n in (above, below)
+            if n is not None
+        }
+        band = ctx.state = _Band(cur, xp.empty_like(cur), error, sends)
+        out = {}
+        for neighbour, row in ((above, 1), (below, rows)):
+            if neighbour is not None:
+                out[neighbour] = band.sends[neighbour][(step - 1) % 2]
+                out[neighbour][...] = band.cur[row]
+        return out
+
     def run(self, ctx: TileContext, tile: Tile) -> _Band:
         """The band after its last step (the steps did the work)."""
         return ctx.state

@@ -1,0 +1,162 @@
+"""A stepped job (the stencil plug-in's bands) that loses a worker mid-job goes on: its bands
+go back to their last checkpoint kept on a worker left (or to their inputs) and the job
+ends with the fault-free run's bits, its result saying what was lost and from which step
+the bands resumed; with no worker left it fails naming the worker, writing nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import wait_for, write_job
+from dask_procs import start_proc_cluster, worker_by_name
+from faults import SlowSteps
+
+from mgpu.worker import kernels
+
+pytest.importorskip("mgpu_stencil")
+from mgpu_stencil import sweep  # noqa: E402 (the plug-in, installed beside mgpu)
+
+ROOT = Path(__file__).resolve().parents[1]
+HEIGHT, WIDTH, STEPS = 40, 24, 12
+STEP_DELAY_S = 0.1  # every step held this long: the job is still stepping when a worker is killed
+
+
+def _grid(seed: int) -> np.ndarray:
+    return kernels.random_block(
+        np, seed=seed, operand=0, rows=(0, HEIGHT), cols=(0, WIDTH), total_cols=WIDTH, dtype="float32"
+    )
+
+
+def _stencil_job(tmp_path: Path, seed: int) -> Path:
+    # Two bands per worker: bands 0-1 on worker 0, 2-3 on worker 1.
+    params = {"height": HEIGHT, "width": WIDTH, "steps": STEPS, "seed": seed, "bands_per_device": 2}
+    return write_job(
+        tmp_path / "job.yaml",
+        {"workload": "stencil", "params": {**params, "output": str(tmp_path / "grid.npy")}},
+    )
+
+
+def _slow_cluster(folder: Path, n_workers: int, env: dict[str, str] | None = None) -> Any:
+    cluster = start_proc_cluster(folder, n_workers=n_workers, env=env)
+    try:
+        with cluster.client() as client:
+            client.register_plugin(SlowSteps(STEP_DELAY_S))
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _in_memory(prefix: str) -> Callable[[Any], int]:
+    def count(dask_scheduler: Any) -> int:
+        return sum(1 for k, ts in dask_scheduler.tasks.items() if str(k).startswith(prefix) and ts.state == "memory")
+
+    return count
+
+
+def _submit_killing(
+    cluster: Any, job: Path, out: Path, name: str, when: Callable[[Any], bool], env: dict[str, str]
+) -> tuple[int, str, str, str]:
+    """Submit ``job`` to ``cluster``, SIGKILL worker ``name`` once ``when(client)``; returns
+    (exit code, stdout, stderr, the killed worker's address)."""
+    cmd = [sys.executable, "-m", "mgpu", "submit", str(job), "--scheduler", cluster.address, "--json", str(out)]
+    with subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env}
+    ) as proc:
+        with cluster.client() as client:
+            victim = worker_by_name(client, name)
+            pids = client.run(os.getpid)
+            wait_for(lambda: when(client), 60, "the moment to kill a worker", interval=0.02)
+        assert proc.poll() is None, "the job ended before a worker could be killed"
+        os.kill(pids[victim], signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=180)
+    return proc.returncode, stdout, stderr, victim
+
+
+@pytest.mark.parametrize("every", [0, 4])
+def test_a_stencil_that_loses_a_worker_resumes_its_bands_and_gives_the_fault_free_bits(tmp_path, every, no_gpu):
+    cluster = _slow_cluster(tmp_path / "cluster", 2)
+    try:
+        job = _stencil_job(tmp_path, seed=3)
+        if every:  # once every band's state after step 4 is kept on both workers
+            when = lambda c: c.run_on_scheduler(_in_memory("stencil-kept-")) >= 4  # noqa: E731
+        else:  # once band 2 (worker 1's) has done five steps
+            when = lambda c: c.run_on_scheduler(_in_memory("stencil-step-2-4-")) >= 1  # noqa: E731
+        env = {"DASK_MGPU__RECOVERY__CHECKPOINT_STEPS": str(every)}
+        code, stdout, stderr, victim = _submit_killing(cluster, job, tmp_path / "out.json", "1", when, env)
+        assert code == 0, stdout + stderr + cluster.logs()
+        assert "Traceback" not in stdout + stderr
+        assert f"lost worker {victim}" in stdout
+        data = json.loads((tmp_path / "out.json").read_text())
+        assert data["status"] == "ok" and data["verify"]["passed"] is True and data["backend"] == "cpu"
+        # The bits of the fault-free sweep (the bands give NumPy's sweep exactly).
+        np.testing.assert_array_equal(np.load(tmp_path / "grid.npy"), sweep(_grid(3), STEPS))
+        recovery = data["recovery"]
+        assert recovery["lost_workers"] == [victim]
+        assert recovery["recomputed_tiles"] == [2, 3]  # worker 1's bands, finished on worker 0
+        (resumed,) = recovery["resumed_from_steps"]
+        if every:
+            assert resumed in (4, 8), resumed  # a checkpoint, not the inputs
+        else:
+            assert resumed == 0
+        # Each band once, all on the worker left; the work is the whole job's, once.
+        assert data["plan"]["tiles"] == 4 and [d["tiles"] for d in data["per_device"]] == [4]
+        with cluster.client() as client:
+            assert [d["worker"] for d in data["per_worker"]] == [worker_by_name(client, "0")]
+        grid_bytes = HEIGHT * WIDTH * 4
+        rate = data["throughput"]["value"] * 1e9 * data["compute_s"]
+        assert rate == pytest.approx(2 * grid_bytes * STEPS, rel=1e-6)
+        # The bands' span covers the job from the first step to the last (the lost steps in it).
+        assert data["compute_s"] >= STEPS * STEP_DELAY_S
+        assert sorted(os.listdir(tmp_path)) == ["cluster", "grid.npy", "job.yaml", "out.json"]
+    finally:
+        cluster.stop()
+
+
+def test_a_stencil_that_loses_its_only_worker_fails_naming_it_and_writes_nothing(tmp_path, no_gpu):
+    cluster = _slow_cluster(tmp_path / "cluster", 1)
+    try:
+        job = _stencil_job(tmp_path, seed=1)
+        when = lambda c: c.run_on_scheduler(_in_memory("stencil-step-0-2-")) >= 1  # noqa: E731
+        env = {"DASK_MGPU__RECOVERY__WAIT_FOR_WORKERS": "1s", "DASK_MGPU__RECOVERY__CHECKPOINT_STEPS": "2"}
+        code, stdout, stderr, victim = _submit_killing(cluster, job, tmp_path / "out.json", "0", when, env)
+        assert code == 1, stdout + stderr
+        assert "Traceback" not in stdout + stderr
+        assert f"mgpu: job failed: every worker was lost ({victim})" in stderr
+        assert sorted(os.listdir(tmp_path)) == ["cluster", "job.yaml"]  # no result, no output, no temporary
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("every", [0, 4])
+def test_a_stencil_on_gpu_workers_that_loses_one_resumes_with_the_same_bits(tmp_path, every):
+    # Two `dask worker` processes on GPU 0: the bands between them pass through CUDA IPC, and a
+    # resumed band's state comes back from host memory to the device.
+    pytest.importorskip("cupy")
+    cluster = _slow_cluster(tmp_path / "cluster", 2, env={"CUDA_VISIBLE_DEVICES": "0"})
+    try:
+        job = _stencil_job(tmp_path, seed=5)
+        prefix = "stencil-kept-" if every else "stencil-step-2-4-"
+        when = lambda c: c.run_on_scheduler(_in_memory(prefix)) >= (4 if every else 1)  # noqa: E731
+        env = {"DASK_MGPU__RECOVERY__CHECKPOINT_STEPS": str(every)}
+        code, stdout, stderr, victim = _submit_killing(cluster, job, tmp_path / "out.json", "1", when, env)
+        assert code == 0, stdout + stderr + cluster.logs()
+        data = json.loads((tmp_path / "out.json").read_text())
+        assert data["status"] == "ok" and data["backend"] == "cuda"
+        assert data["recovery"]["lost_workers"] == [victim] and data["recovery"]["recomputed_tiles"] == [2, 3]
+        (resumed,) = data["recovery"]["resumed_from_steps"]
+        assert resumed in ((4, 8) if every else (0,)), resumed
+        # The CUDA kernel does NumPy's arithmetic: the bits of the fault-free sweep.
+        np.testing.assert_array_equal(np.load(tmp_path / "grid.npy"), sweep(_grid(5), STEPS))
+    finally:
+        cluster.stop()
