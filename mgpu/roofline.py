@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import config
-from .gpus import can_access_peer, cuda_count
+from .gpus import can_access_peer, cuda_count, driver_version
 from .worker import kernels
 from .worker.device import Device
 from .worker.tasks import with_device
@@ -213,18 +213,8 @@ def cache_keys(
 
 @functools.cache
 def _driver() -> str | None:
-    """The GPU driver's version from NVML, or None without NVML or a GPU (asked once a process)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            version = pynvml.nvmlSystemGetDriverVersion()
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return None
-    return version.decode() if isinstance(version, bytes) else str(version)
+    """The GPU driver's version, or None without NVML or a GPU (asked once a process)."""
+    return driver_version()
 
 
 def software(*, driver: bool = True) -> dict[str, str]:
