@@ -18,7 +18,7 @@ from mgpu.bench import SUITES
 from mgpu.bench.cli import _command
 from mgpu.bench.harness import SCHEMA, BenchInputError, job_seconds, parse_devices
 from mgpu.bench.peers import compare
-from mgpu.bench.scale import with_efficiency
+from mgpu.bench.scale import with_scaling
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -226,7 +226,7 @@ def _row(name: str, devices: int, throughput: float | None) -> dict[str, Any]:
 
 
 def test_efficiency_against_the_fewest_devices_that_ran():
-    rows = with_efficiency([_row("a", 4, 30.0), _row("a", 1, None), _row("a", 2, 20.0), _row("b", 1, 5.0)])
+    rows = with_scaling([_row("a", 4, 30.0), _row("a", 1, None), _row("a", 2, 20.0), _row("b", 1, 5.0)])
     got = {(r["name"], r["devices"]): r["efficiency"] for r in rows}
     # a's 1-device run failed: its base is 2 devices at 20, so 4 devices ideally make 40.
     # b ran on one device count alone, which scales nothing.
@@ -237,7 +237,7 @@ def test_workers_per_gpu_set_their_compute_against_one_worker_and_scale_apart():
     def row(devices: int, workers: int, throughput: float, compute_s: float) -> dict[str, Any]:
         return {**_row("a", devices, throughput), "workers_per_device": workers, "compute_s": compute_s}
 
-    rows = with_efficiency([row(1, 1, 10.0, 2.0), row(1, 4, 9.8, 2.04), row(2, 1, 19.0, 1.05), row(2, 4, 18.0, 1.1)])
+    rows = with_scaling([row(1, 1, 10.0, 2.0), row(1, 4, 9.8, 2.04), row(2, 1, 19.0, 1.05), row(2, 4, 18.0, 1.1)])
     got = {(r["devices"], r["workers_per_device"]): r for r in rows}
     assert got[1, 4]["compute_vs_one_worker"] == pytest.approx(1.02)
     assert got[2, 4]["compute_vs_one_worker"] == pytest.approx(1.1 / 1.05)

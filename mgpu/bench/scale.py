@@ -21,7 +21,7 @@ from .harness import BenchInputError, Options, gpu_count, resolve, run_jobs, say
 from .suite import SIZES, job_files
 
 
-def with_efficiency(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def with_scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Add ``efficiency`` to each summary row, against the same job's row at the fewest
     devices with as many workers per device (:func:`mgpu.report.efficiency`); and
     ``compute_vs_one_worker``, its ``compute_s`` over the same job's on as many devices
@@ -75,7 +75,7 @@ def run(opts: Options) -> tuple[dict[str, Any], dict[str, Any]]:
         *job_files(opts.extra.get("jobs") or []),
     ]
     runs = run_jobs(opts, jobs, backend, counts, workers, one_cluster=most > 1)
-    summary = with_efficiency(summarize(runs))
+    summary = with_scaling(summarize(runs))
     for row in summary:
         if row.get("workers_per_device", 1) > 1:
             ratio = row["compute_vs_one_worker"]
