@@ -277,3 +277,23 @@ def test_a_stepped_plan_with_checkpoints_gives_the_same_answer(scheduler):
             held = info.client.run(_checkpoints_held)
     assert sorted((r.index, r.value) for r in records) == list(enumerate(_relay(5, 6)))
     assert set(held.values()) == {0}
+
+
+def test_the_schedulers_warning_of_lost_steps_is_dropped_for_this_jobs_keys_only():
+    import logging
+
+    from mgpu.client.steps import _StepsLost
+
+    def passes(keys: str, token: str = "ab12cd") -> bool:
+        message = (
+            "Removing worker 'tcp://127.0.0.1:1' caused the cluster to lose already computed task(s), which "
+            f"will be recomputed elsewhere: {{{keys}}} (stimulus_id='handle-worker-cleanup-1.5')"
+        )
+        record = logging.LogRecord("distributed.scheduler", logging.WARNING, __file__, 1, message, None, None)
+        return _StepsLost(token).filter(record)
+
+    assert not passes("'stencil-step-1-185-ab12cd', 'stencil-kept-0-150-ab12cd', 'stencil-saved-2-50-ab12cd-1'")
+    assert passes("'stencil-step-1-185-ab12cd', 'matmul-tile-3-ab12cd'")  # a key of something else: said
+    assert passes("'stencil-step-1-185-ab12cd'", token="ffffff")  # another job's
+    other = logging.LogRecord("distributed.scheduler", logging.WARNING, __file__, 1, "another warning", None, None)
+    assert _StepsLost("ab12cd").filter(other)

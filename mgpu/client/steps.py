@@ -18,6 +18,8 @@ does is then nobody's).
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -33,6 +35,25 @@ __all__ = ["SteppedRun"]
 
 # How long the workers left may take to drop the old steps' tiles (one that does not answer is left be).
 _DROP_S = 10.0
+
+
+class _StepsLost(logging.Filter):
+    """Drops the scheduler's warning that a lost worker's steps and checkpoints of the job
+    ``token`` "will be recomputed elsewhere": they are not (mgpu goes back to the copies
+    left, and says so)."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__()
+        self.token = token
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "caused the cluster to lose already computed" not in message:
+            return True
+        named = message.split("elsewhere:", 1)[-1].split("(stimulus_id", 1)[0]
+        keys = re.findall(r"'([^']+)'", named)
+        ours = rf"-(step|saved|kept|resume)-\d+-\d+-{self.token}(-\d+)?$"
+        return not keys or not all(re.search(ours, k) for k in keys)
 
 
 @dataclass
@@ -68,14 +89,15 @@ class SteppedRun:
     where: dict[int, str] = field(default_factory=dict)  # each tile's worker now
     # step -> tile -> the futures of its checkpoint (on its worker, on its keeper)
     _saved: dict[int, dict[int, list[Any]]] = field(default_factory=dict)
-    _futures: list[Any] = field(default_factory=list)  # the steps and resumptions of the current token
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.where = {t.index: t.worker or "" for t in self.plan.tiles}
+        self._quiet = _StepsLost(self.token)
 
     def start(self) -> dict[int, Any]:
         """Submit every step from the first; returns each tile's last step."""
+        logging.getLogger("distributed.scheduler").addFilter(self._quiet)
         self._submit(0, {})
         return self.last
 
@@ -88,7 +110,7 @@ class SteppedRun:
             return None
         # Let go of the steps, not cancel them: a cancel reaches what depends on them, the
         # checkpoints among it. Those not needed are forgotten (never run, if not yet running).
-        self._futures, self.last = [], {}
+        self.last = {}
         load = {w: sum(1 for x in self.where.values() if x == w) for w in live}
         for index in gone:  # to the least loaded; of those, one holding a neighbour
             near = {self.where[n] for t in self.plan.tiles if t.index == index for n in t.neighbours}
@@ -104,12 +126,14 @@ class SteppedRun:
         return dict(self.where)
 
     def cancel(self) -> None:
-        """Cancel every step and let go of every checkpoint."""
+        """Cancel the steps and let go of the checkpoints (a cancel of one would reach the
+        other copy, which depends on it, and the scheduler asserts every key it reaches so
+        is still wanted)."""
         with self._lock:
-            saved = [f for copies in self._saved.values() for fs in copies.values() for f in fs]
             self._saved.clear()
-        self.client.cancel(self._futures + saved)
-        self._futures = []
+        self.client.cancel(list(self.last.values()))
+        self.last = {}
+        logging.getLogger("distributed.scheduler").removeFilter(self._quiet)
 
     # -- the steps -----------------------------------------------------------------------
     def _submit(self, first: int, saved: dict[int, Any]) -> None:
@@ -172,7 +196,8 @@ class SteppedRun:
         self.last = last
 
     def _task(self, fn: Any, *args: Any, key: str, worker: str | None, priority: int) -> Any:
-        fut = self.client.submit(
+        # Only the last steps are held: an earlier one is let go once what needs it has run.
+        return self.client.submit(
             fn,
             *args,
             key=key,
@@ -182,8 +207,6 @@ class SteppedRun:
             resources=self.resources,
             priority=priority,
         )
-        self._futures.append(fut)
-        return fut
 
     # -- checkpoints ---------------------------------------------------------------------
     def _keepers(self) -> dict[str, str]:
