@@ -630,10 +630,13 @@ def test_streamed_matmul_from_files_on_one_gpu(tmp_path, limit):
     if panels == 1:
         assert result.pcie.bytes == result.pcie.minimum_bytes == 4 * (m * k + k * n + m * n)
     assert matmul_stream.BLOCK_ROWS < k
-    (t,) = result.timeline  # where the tile's time went, the parts adding up to its span
-    parts = (t.first_load_s, t.products_s, t.idle_s, t.write_tail_s)
-    assert min(parts) >= 0 and sum(parts) == pytest.approx(t.span_s, abs=1e-6)
-    assert t.span_s <= result.per_device[0].span_s + 1e-6 and t.products_s > 0 and t.pieces >= 2
+    # Where each tile's time went (one tile a panel), the parts adding up to its span.
+    tiles = sorted(t.tile for t in result.timeline)
+    assert tiles == list(range(len(tiles))) and len(tiles) >= panels
+    for t in result.timeline:
+        parts = (t.first_load_s, t.products_s, t.idle_s, t.write_tail_s)
+        assert min(parts) >= 0 and sum(parts) == pytest.approx(t.span_s, abs=1e-6)
+        assert t.span_s <= result.per_device[0].span_s + 1e-6 and t.products_s > 0 and t.pieces >= 2
 
 
 @pytest.mark.parametrize("method", ["pwrite", "mmap"])
