@@ -100,17 +100,19 @@ def mandelbrot_differ(
     dtype: Any,
     max_iter: int,
 ) -> Any:
-    """On a GPU, in one launch: 1 for each pixel of ``rows`` x ``cols`` whose count in
-    ``counts`` (a band of the image starting at row ``first_row``) differs from the count
-    of its point made again from its indices as :func:`mandelbrot_points` makes it.
+    """On a GPU, in one launch: how many pixels of ``rows`` x ``cols`` have a count in
+    ``counts`` (a band of the image starting at row ``first_row``) that differs from the
+    count of their point made again from its indices as :func:`mandelbrot_points` makes
+    it (a one-element device array).
 
-    One kernel, so the check is not a train of small launches each waiting its turn (and
-    its thread's) behind other bands.
+    One kernel that also counts (atomically), so the check is neither a train of small
+    launches each waiting its turn behind other bands nor a reduction kernel compiled
+    for each shape of sample.
     """
     import cupy
 
     xmin, xmax, ymin, ymax = bounds
-    out = cupy.empty((len(rows), len(cols)), dtype=np.int32)
+    differ = cupy.zeros(1, dtype=np.int32)
     _cupy_differ_kernel(np.dtype(dtype).name)(
         counts.reshape(-1),  # C-ordered: the kernel finds a pixel by its flat index
         np.int64(first_row),
@@ -125,9 +127,10 @@ def mandelbrot_differ(
         np.float64(ymax),
         np.float64((ymax - ymin) / height),
         np.int32(max_iter),
-        out,
+        differ,
+        size=len(rows) * len(cols),
     )
-    return out
+    return differ
 
 
 @functools.cache
@@ -139,7 +142,7 @@ def _cupy_differ_kernel(dtype: str) -> Any:
         "raw int32 counts, int64 first_row, int64 width, int64 row0, int64 row_step, int64 n_cols, "
         "int64 col0, int64 col_step, float64 xmin, float64 xscale, float64 ymax, float64 yscale, "
         "int32 max_iter",
-        "int32 differ",
+        "raw int32 differ",
         """
         long long row = row0 + (i / n_cols) * row_step;
         long long col = col0 + (i % n_cols) * col_step;
@@ -147,7 +150,7 @@ def _cupy_differ_kernel(dtype: str) -> Any:
         T ci = (T)(ymax - ((double)row + 0.5) * yscale);
         """
         + _ITERATE
-        + "differ = n != counts[(row - first_row) * width + col];",
+        + "if (n != counts[(row - first_row) * width + col]) atomicAdd(&differ[0], 1);",
         f"mgpu_mandelbrot_differ_{dtype}",
         options=("--fmad=false",),
         preamble=f"typedef {'float' if dtype == 'float32' else 'double'} T;",

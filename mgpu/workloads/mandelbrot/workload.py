@@ -233,18 +233,16 @@ class Mandelbrot(Workload[MandelbrotParams], Estimates, Outputs):
         cols = range(0, p.width, step)
         bounds = (p.xmin, p.xmax, p.ymin, p.ymax)
         if dev.is_gpu:  # the points made on the device: a copy from the host would wait for the band
-            differ = dev.xp.count_nonzero(
-                mandelbrot_differ(
-                    answer.counts,
-                    first_row=tile.bounds["rows"][0],
-                    width=p.width,
-                    height=p.height,
-                    bounds=bounds,
-                    rows=rows,
-                    cols=cols,
-                    dtype=p.dtype,
-                    max_iter=p.max_iter,
-                )
+            differ = mandelbrot_differ(
+                answer.counts,
+                first_row=tile.bounds["rows"][0],
+                width=p.width,
+                height=p.height,
+                bounds=bounds,
+                rows=rows,
+                cols=cols,
+                dtype=p.dtype,
+                max_iter=p.max_iter,
             )
         else:
             x, y = mandelbrot_points(width=p.width, height=p.height, bounds=bounds, rows=rows, cols=cols, dtype=p.dtype)
@@ -253,7 +251,7 @@ class Mandelbrot(Workload[MandelbrotParams], Estimates, Outputs):
         sampled = len(rows) * len(cols)
 
         def verdict() -> tuple[float, bool]:
-            share = int(dev.to_host(differ)) / sampled
+            share = int(dev.to_host(differ).sum()) / sampled
             return share, share == 0.0
 
         return verdict
