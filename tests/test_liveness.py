@@ -96,6 +96,24 @@ def test_a_job_whose_only_worker_stops_fails_naming_it(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["job.yaml"]  # nothing kept, no claim left
 
 
+def test_a_worker_slower_than_its_deadline_but_still_heard_from_is_not_retired(tmp_path):
+    # Each tile takes 2.5 s against a 1 s deadline (the estimate left something out, as it
+    # leaves out decompressing a store's chunks), while the worker's heartbeats still come.
+    job = matmul_job(tmp_path, 48, 64, 24, {"m": 24, "n": 64})  # 2 tiles on the one worker
+    slow = [sys.executable, str(Path(__file__).with_name("slow_mgpu.py")), "2.5"]
+    args = [str(job), "--backend", "cpu", "--devices", "1", "--no-dashboard", "--json", str(tmp_path / "r.json")]
+    env = {
+        **os.environ,
+        "DASK_MGPU__RECOVERY__TILE_DEADLINE_FLOOR": "1s",
+        "DASK_MGPU__RECOVERY__TILE_DEADLINE_SLACK": "1",
+    }
+    proc = subprocess.run([*slow, "submit", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["status"] == "ok" and data["recovery"]["lost_workers"] == []
+    np.testing.assert_allclose(np.load(tmp_path / "c.npy"), reference(48, 64, 24), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_ends_mgpu_with_a_stopped_worker(tmp_path, sig):
     job = matmul_job(tmp_path, 96, 64, 24, {"m": 12, "n": 32})

@@ -32,6 +32,10 @@ __all__ = ["TileTracker", "retire_worker"]
 # one record before asking again (its data may have gone with its worker).
 _CHECK_S = 1.0
 _FETCH_S = 5.0
+# A worker heard from (its heartbeat) within this many of its heartbeat intervals is alive:
+# a tile past its deadline there is slow (its estimate left something out, such as
+# decompressing its inputs), not stuck, and keeps running up to the unestimated deadline.
+_HEARTBEATS = 4
 
 
 def task_failure(key: str, worker: str | None, error: BaseException) -> str:
@@ -57,6 +61,17 @@ def _remove(address: str, dask_scheduler: Any = None) -> int | None:
     pid = ws.pid
     dask_scheduler.loop.add_callback(dask_scheduler.remove_worker, address, stimulus_id="mgpu-stuck", close=True)
     return int(pid) if pid else None
+
+
+def _heard_from(addresses: list[str], dask_scheduler: Any = None) -> list[str]:
+    """Of ``addresses``, the workers whose last heartbeat reached the scheduler within
+    ``_HEARTBEATS`` of their intervals (run on the scheduler). A stopped process sends none."""
+    from distributed.metrics import time as now
+    from distributed.scheduler import heartbeat_interval
+
+    window = _HEARTBEATS * heartbeat_interval(len(dask_scheduler.workers)) + 1.0
+    workers = dask_scheduler.workers
+    return [a for a in addresses if a in workers and now() - workers[a].last_seen < window]
 
 
 def retire_worker(client: Any, address: str, *, ours: bool) -> None:
@@ -102,6 +117,10 @@ class TileTracker:
     deadline_s
         How long a worker with tiles in flight may go without finishing one (from its last
         finished tile, or its first tile's submission) before it is taken as stuck; None: never.
+        A worker whose heartbeats still come is given up to ``alive_deadline_s`` instead.
+    alive_deadline_s
+        The same for a worker still heard from (by default ``mgpu.recovery``'s deadline
+        for tiles without an estimate).
     retire
         Called with a stuck worker's address to take it out of the cluster (it is then lost).
     regroup
@@ -114,6 +133,7 @@ class TileTracker:
     submit_task: Callable[[Tile, str | None, int], Any]
     on_lost: Callable[[str, list[int]], None] = lambda worker, tiles: None
     deadline_s: float | None = None
+    alive_deadline_s: float = field(default_factory=lambda: config.load().recovery.tile_deadline_unestimated)
     retire: Callable[[str], None] = lambda worker: None
     regroup: Callable[[list[str]], dict[int, str] | None] | None = None
     lost_workers: list[str] = field(default_factory=list)
@@ -212,15 +232,23 @@ class TileTracker:
         for e in self._in_flight.values():
             if e.worker is not None:
                 waiting[e.worker] = min(waiting.get(e.worker, e.since), e.since)
-        for worker, first in sorted(waiting.items()):
-            quiet = now - max(first, self._progress.get(worker, first))
-            if quiet < self.deadline_s:
-                continue
+        quiet = {w: now - max(first, self._progress.get(w, first)) for w, first in waiting.items()}
+        overdue = sorted(w for w, q in quiet.items() if q >= self.deadline_s)
+        if not overdue:
+            return
+        try:
+            alive = set(self.client.run_on_scheduler(_heard_from, overdue, callback_timeout=_FETCH_S))
+        except Exception:
+            alive = set()
+        for worker in overdue:
+            if worker in alive and quiet[worker] < max(self.alive_deadline_s, self.deadline_s):
+                continue  # slow, not stuck: it still answers
             others = [w for w in self._known if w != worker and w not in self.stuck_workers]
             if not others:
                 raise JobFailed(
-                    f"worker {worker} finished no tile for {quiet:.0f} s, past its tiles' deadline of "
-                    f"{self.deadline_s:.0f} s (it may be hung or stopped), and no other worker is left to take them"
+                    f"worker {worker} finished no tile for {quiet[worker]:.0f} s, past its tiles' deadline of "
+                    f"{self.deadline_s if worker not in alive else self.alive_deadline_s:.0f} s "
+                    "(it may be hung or stopped), and no other worker is left to take them"
                 )
             self.stuck_workers.append(worker)
             self.retire(worker)
