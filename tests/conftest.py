@@ -8,6 +8,9 @@ import functools
 import inspect
 import json
 import logging
+import os
+import shutil
+import tempfile
 import time
 import traceback
 import warnings
@@ -22,6 +25,26 @@ import yaml
 from click.testing import CliRunner
 
 from mgpu.cli import cli
+
+# -- the user's own state stays out -----------------------------------------------------
+#
+# mgpu's cache folder holds the measured ceilings and the record of a cluster `mgpu cluster up`
+# left running, which `mgpu submit` joins. The tests, and every process they start, use a
+# folder of their own, so a cluster the user keeps up is never what a test runs on.
+
+_CACHE_HOME = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    folder = tempfile.mkdtemp(prefix="mgpu-tests-cache-")
+    config.stash[_CACHE_HOME] = folder
+    os.environ["XDG_CACHE_HOME"] = folder
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _CACHE_HOME in config.stash:
+        shutil.rmtree(config.stash[_CACHE_HOME], ignore_errors=True)
+
 
 # -- the GPU policy -------------------------------------------------------------------
 #

@@ -2,7 +2,8 @@
 workers per GPU.
 
 Efficiency at N devices is the median throughput at N over N/b times the median at the
-fewest devices b: 100% means the work was split with nothing lost. With
+fewest devices b, as ``mgpu scale`` and ``mgpu report`` reckon it: 100% means the work was
+split with nothing lost; a job run on one device count alone has none. With
 ``--workers-per-device W`` every device count also runs with 2, 4, ... W workers sharing
 each GPU, the jobs of each layout one after another on one cluster: what does not depend
 on having more GPUs (the job's tiles spread over W workers, their exchanges within the
