@@ -98,9 +98,10 @@ class _Reporter(Events):
             self.console.print(message, soft_wrap=True)
         _wait_for_interrupt()
 
-    def worker_lost(self, worker: str, tiles: list[int]) -> None:
+    def worker_lost(self, worker: str, tiles: list[int], step: int | None = None) -> None:
+        again = "" if step is None else f", every tile stepping again from step {step}"
         self.console.print(
-            f"mgpu: lost worker {worker}; recomputing its tile(s) {tiles[:20]} on the others", soft_wrap=True
+            f"mgpu: lost worker {worker}; recomputing its tile(s) {tiles[:20]} on the others{again}", soft_wrap=True
         )
 
     def job_started(self, index: int, job: Any) -> None:

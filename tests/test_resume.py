@@ -37,7 +37,7 @@ def _grid(seed: int) -> np.ndarray:
 
 
 def _stencil_job(tmp_path: Path, seed: int) -> Path:
-    # Two bands per worker: bands 0-1 on worker 0, 2-3 on worker 1.
+    # Two bands per worker: bands 0-1 on worker 0, 2-3 on worker 1, ...
     params = {"height": HEIGHT, "width": WIDTH, "steps": STEPS, "seed": seed, "bands_per_device": 2}
     return write_job(
         tmp_path / "job.yaml",
@@ -82,36 +82,48 @@ def _submit_killing(
     return proc.returncode, stdout, stderr, victim
 
 
-@pytest.mark.parametrize("every", [0, 4])
-def test_a_stencil_that_loses_a_worker_resumes_its_bands_and_gives_the_fault_free_bits(tmp_path, every, no_gpu):
-    cluster = _slow_cluster(tmp_path / "cluster", 2)
+# (workers, checkpoint-steps, each worker left -> the bands it ends with). Worker 1 (bands 2
+# and 3) is lost: with two workers its bands join worker 0's, with three one goes to each
+# worker left, so bands next to each other resume on different workers.
+CASES = [(2, 0, {"0": [0, 1, 2, 3]}), (2, 4, {"0": [0, 1, 2, 3]}), (3, 4, {"0": [0, 1, 2], "2": [3, 4, 5]})]
+
+
+@pytest.mark.parametrize("workers,every,ends", CASES, ids=["2-workers-from-inputs", "2-workers", "3-workers"])
+def test_a_stencil_that_loses_a_worker_resumes_its_bands_and_gives_the_fault_free_bits(
+    tmp_path, workers, every, ends, no_gpu
+):
+    cluster = _slow_cluster(tmp_path / "cluster", workers)
+    bands = 2 * workers
     try:
         job = _stencil_job(tmp_path, seed=3)
-        if every:  # once every band's state after step 4 is kept on both workers
-            when = lambda c: c.run_on_scheduler(_in_memory("stencil-kept-")) >= 4  # noqa: E731
+        if every:  # once every band's state after step 4 is kept on two workers
+            when = lambda c: c.run_on_scheduler(_in_memory("stencil-kept-")) >= bands  # noqa: E731
         else:  # once band 2 (worker 1's) has done five steps
             when = lambda c: c.run_on_scheduler(_in_memory("stencil-step-2-4-")) >= 1  # noqa: E731
         env = {"DASK_MGPU__RECOVERY__CHECKPOINT_STEPS": str(every)}
         code, stdout, stderr, victim = _submit_killing(cluster, job, tmp_path / "out.json", "1", when, env)
         assert code == 0, stdout + stderr + cluster.logs()
         assert "Traceback" not in stdout + stderr
-        assert f"lost worker {victim}" in stdout
         data = json.loads((tmp_path / "out.json").read_text())
         assert data["status"] == "ok" and data["verify"]["passed"] is True and data["backend"] == "cpu"
+        (resumed,) = data["recovery"]["resumed_from_steps"]
+        said = f"lost worker {victim}; recomputing its tile(s) [2, 3] on the others, every tile stepping again"
+        assert f"{said} from step {resumed}" in stdout
         # The bits of the fault-free sweep (the bands give NumPy's sweep exactly).
         np.testing.assert_array_equal(np.load(tmp_path / "grid.npy"), sweep(_grid(3), STEPS))
         recovery = data["recovery"]
         assert recovery["lost_workers"] == [victim]
-        assert recovery["recomputed_tiles"] == [2, 3]  # worker 1's bands, finished on worker 0
-        (resumed,) = recovery["resumed_from_steps"]
+        assert recovery["recomputed_tiles"] == [2, 3]  # worker 1's bands, finished on the others
         if every:
             assert resumed in (4, 8), resumed  # a checkpoint, not the inputs
         else:
             assert resumed == 0
-        # Each band once, all on the worker left; the work is the whole job's, once.
-        assert data["plan"]["tiles"] == 4 and [d["tiles"] for d in data["per_device"]] == [4]
+        # Each band once, on the workers left; the work is the whole job's, once.
+        assert data["plan"]["tiles"] == bands
         with cluster.client() as client:
-            assert [d["worker"] for d in data["per_worker"]] == [worker_by_name(client, "0")]
+            names = {worker_by_name(client, name): name for name in ends}
+        got = {names[d["worker"]]: d["tiles"] for d in data["per_worker"]}
+        assert got == {name: len(tiles) for name, tiles in ends.items()}
         grid_bytes = HEIGHT * WIDTH * 4
         rate = data["throughput"]["value"] * 1e9 * data["compute_s"]
         assert rate == pytest.approx(2 * grid_bytes * STEPS, rel=1e-6)

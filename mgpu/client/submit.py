@@ -128,7 +128,7 @@ def run_plan(
     plan: Plan,
     on_done: Callable[[TileRecord], None] = lambda r: None,
     recovery: Recovery | None = None,
-    on_lost: Callable[[str, list[int]], None] = lambda w, t: None,
+    on_lost: Callable[..., None] = lambda w, t, step=None: None,
     resources: dict[str, float] | None = None,
     panel_records: list[TileRecord] | None = None,
     devices: Mapping[str, str] | None = None,
@@ -141,9 +141,11 @@ def run_plan(
     reads. Static tiles go to their worker; dynamic ones are fed to whichever worker has
     room, as many as run at once plus ``_DYNAMIC_AHEAD``, so fast workers take more.
     ``resources`` is what each tile task asks of its worker (ClusterInfo.tile_resources).
-    Tiles of a worker that is lost
-    go to the workers that remain (see :class:`~mgpu.client.recover.TileTracker`); ``recovery``,
-    if given, receives the lost workers and the recomputed tiles; ``panel_records``, if
+    Tiles of a worker that is lost go to the workers that remain (see
+    :class:`~mgpu.client.recover.TileTracker`; a stepped plan's tiles all step again from a
+    checkpoint, see :class:`~mgpu.client.steps.SteppedRun`), and ``on_lost`` is called with
+    the worker, its tiles and that step; ``recovery``, if given, receives the lost workers,
+    the recomputed tiles and the steps resumed from; ``panel_records``, if
     given, the records of the panels' making (their time and bytes belong to the job);
     ``devices`` (worker address -> its physical device) tells which workers share a GPU.
     A worker that finishes no tile for ``deadline_s`` is stuck: ``retire`` takes it out and
@@ -206,8 +208,15 @@ def run_plan(
 
     records: list[TileRecord] = []
     pending: deque[Tile] = deque()
+
+    def lost(worker: str, tiles: list[int]) -> None:
+        if steps is not None and steps.resumed_from:
+            on_lost(worker, tiles, steps.resumed_from[-1])
+        else:
+            on_lost(worker, tiles)
+
     regroup = steps.regroup if steps else None
-    tracker = TileTracker(client, submit, on_lost, deadline_s=deadline_s, retire=retire, regroup=regroup)
+    tracker = TileTracker(client, submit, lost, deadline_s=deadline_s, retire=retire, regroup=regroup)
     try:
         if plan.placement == "static":
             for t in plan.tiles:

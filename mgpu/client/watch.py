@@ -29,7 +29,9 @@ class Events:
     def panels_made(self, records: list[TileRecord]) -> None:
         """Every tile has ended; ``records`` are the makings of the plan's panels (if any)."""
 
-    def worker_lost(self, worker: str, tiles: list[int]) -> None: ...
+    def worker_lost(self, worker: str, tiles: list[int], step: int | None = None) -> None:
+        """``worker`` left mid-job; its ``tiles`` go to the others (a stepped job's tiles all
+        step again from ``step``)."""
 
     def job_started(self, index: int, job: Job) -> None: ...
 
