@@ -220,14 +220,14 @@ def run_sweep(
     one_cluster: bool = False,
     keep_going: bool = False,
 ) -> Iterator[Outcome]:
-    """Run each in turn, each on a cluster of its own, yielding its outcome as it ends.
+    """Run each in turn, each on a cluster of its own, yielding its outcome as its cluster ends.
 
     A job's first run replaces existing outputs only with ``force`` (or the job's own
-    ``force``); its later runs replace those the sweep itself wrote. With ``one_cluster`` the runs next to each other on the same
-    layout (device count and workers per device) share one cluster, so what each adds to
-    its tiles' time is the per-job overhead alone; a run that fails ends its cluster's
-    batch. With ``keep_going`` a run that fails is yielded with its error and the sweep
-    goes on.
+    ``force``); its later runs replace those the sweep itself wrote. With ``one_cluster``
+    the runs next to each other on the same layout (device count and workers per device)
+    share one cluster, so what each adds to its tiles' time is the per-job overhead alone;
+    a run that fails ends its cluster's batch. With ``keep_going`` a run that fails is
+    yielded with its error and the sweep goes on.
 
     Raises
     ------
