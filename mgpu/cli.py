@@ -282,6 +282,9 @@ def submit(
         running = None if own_cluster or scheduler else _running_cluster()
         if scheduler or running is not None:
             _client_only()  # before the jobs load: their workloads import Dask's client
+        from .info import read_versions_meanwhile
+
+        read_versions_meanwhile()
         jobs = [load_job(f, overrides) for f in job_files]
         security = client_security(tls_ca_file, tls_cert, tls_key)
         if running is not None and not any(j.cluster.scheduler for j in jobs):

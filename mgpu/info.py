@@ -7,6 +7,7 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
+import threading
 from typing import TYPE_CHECKING, Any
 
 from . import gpus as gpus_
@@ -15,7 +16,7 @@ from .memory import AllocatorChoice
 if TYPE_CHECKING:
     from .cluster import ClusterInfo
 
-__all__ = ["machine_info", "runtime_env"]
+__all__ = ["machine_info", "read_versions_meanwhile", "runtime_env"]
 
 _PACKAGES = (
     "mgpu",
@@ -31,6 +32,12 @@ _PACKAGES = (
     "distributed-ucxx-cu13",
     "distributed-ucxx-cu12",
 )
+
+
+def read_versions_meanwhile() -> None:
+    """Read the client's package versions (which a result records) on a thread of their
+    own, while the command does other things: reading their metadata takes 15 ms and more."""
+    threading.Thread(target=_found, args=(False,), name="mgpu-versions", daemon=True).start()
 
 
 def _versions(*, load: bool = True) -> dict[str, str]:

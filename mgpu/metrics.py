@@ -15,6 +15,7 @@ client nothing is registered, and jobs run as before.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections import defaultdict
 from collections.abc import Iterator
@@ -146,9 +147,7 @@ def attach(client: Any) -> bool:
     """Register :class:`JobMetrics` on the client's scheduler, where prometheus-client is
     installed here and there; returns whether it is there. A scheduler that cannot take
     it (one of a joined cluster without mgpu, say) keeps running jobs without it."""
-    try:
-        import prometheus_client  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("prometheus_client") is None:  # found, not imported: 15 ms a submit
         return False
     try:
         client.register_plugin(JobMetrics())

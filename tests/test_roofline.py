@@ -83,3 +83,19 @@ def test_every_workload_measures_its_own_ceilings_each_with_a_unit(scheduler, ca
             assert not declared or declared & set(per_worker), name
     # What each job is set against is a ceiling that was measured.
     assert {"gemm_float32", "gemm_float64", "mandelbrot_float32", "mandelbrot_float64"} <= set(per_worker)
+
+
+def test_a_jobs_ceiling_units_are_the_devices_and_its_workloads_alone():
+    # A job's plan splits its own ceilings among workers sharing a GPU: it needs no other
+    # workload's units (reading them all imported every registered workload, in every job).
+    from mgpu.roofline import DEVICE_CEILINGS, ceiling_units
+    from mgpu.workloads import get_workload_class, workload_names
+
+    for name in workload_names():
+        cls = get_workload_class(name)
+        assert ceiling_units(cls) == {**DEVICE_CEILINGS, **cls.ceiling_units}
+    assert ceiling_units() == {
+        k: v
+        for name in workload_names()
+        for k, v in {**DEVICE_CEILINGS, **get_workload_class(name).ceiling_units}.items()
+    }

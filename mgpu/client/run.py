@@ -158,7 +158,7 @@ def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, clu
         except JobInputError as e:
             raise JobInputError(f"{e} ({budget_basis(info.resolved.memory_limit, info.devices)})") from None
         # Workers that share a GPU each count on their share of its rates.
-        shares = share_rates(busy, info.devices, ceiling_units())
+        shares = share_rates(busy, info.devices, ceiling_units(type(workload)))
         expected = estimate(workload, plan, shares, at_once=busy is not ceilings)
         if expected is not None:
             plan.notes["estimate"] = {"seconds": expected.seconds, "basis": expected.basis}
