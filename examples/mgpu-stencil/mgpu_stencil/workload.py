@@ -232,9 +232,9 @@ class Stencil(Workload, HostBytes, Stepped, Outputs):
         """The band after a step (with its halo rows) and its sampled error, in host memory."""
         band: _Band = ctx.state
         dev = ctx.dev
-        # On a CPU to_host is the array itself, which the next steps overwrite: copy it.
+        cur = dev.to_host(band.cur)  # on a GPU a new array; on a CPU the band, which the next steps overwrite
         return {
-            "cur": np.array(dev.to_host(band.cur), copy=True),
+            "cur": cur if dev.is_gpu else cur.copy(),
             "error": None if band.error is None else float(dev.to_host(band.error)),
         }
 

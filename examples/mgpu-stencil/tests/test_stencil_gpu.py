@@ -96,3 +96,20 @@ def test_two_workers_exchange_halo_rows_and_give_numpys_sweep(tmp_path):
             assert w.copies_same_device > 0 and w.bytes_same_device == w.bytes_d2d == w.copies_same_device * 1203 * 8
     else:
         assert sorted(d.id for d in result.per_device) == [0, 1]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_bands_saved_to_host_memory_and_restored_on_the_gpu_step_on_to_numpys_sweep(tmp_path, dtype):
+    # The state goes device -> host at the save and host -> device at the restore; the
+    # restore may come on a CPU worker too (a GPU band resumed where no GPU is left).
+    from test_stencil import resumed_sweep
+
+    from mgpu.worker.device import Device, DeviceFacts
+    from mgpu.worker.runtime import _cuda_device
+
+    gpu = _cuda_device()
+    cpu = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h"))
+    grid = _grid(301, 257, seed=8, dtype=dtype)
+    want = sweep(grid, 11)
+    np.testing.assert_array_equal(resumed_sweep(tmp_path, gpu, grid, 11, 5), want)
+    np.testing.assert_array_equal(resumed_sweep(tmp_path, gpu, grid, 11, 5, other=cpu), want)
