@@ -12,7 +12,8 @@ C is finished in bands: over the last few k-blocks of a panel (kept on the devic
 are read once) the steps go band by band, so the first band is done, and written, while
 the later bands still multiply; only the last band's write is not hidden. The bands'
 phase is as long as the budget allows (it can hold only so much of B beside C), the first
-band small so the writes start early and the last one small so its write is short.
+band whole so its products hide the first reads of the final blocks, and the last one
+small so its write is short.
 Between panels (where C does not fit) the k-blocks run in the other direction, so the
 blocks the last panel ended with are still on the device for the next one. Each tile's
 record says where its time went (:mod:`mgpu.workloads.matmul.writers`).
@@ -102,7 +103,7 @@ class Schedule:
     bands: int
     b_slots: int
     first_rows: int = 0  # the first panel's first block in pieces from this many rows (0: whole)
-    smallest_band: int = 0  # the first and last bands in halves down to this many rows (0: equal bands)
+    smallest_band: int = 0  # the last band in halves down to this many rows (0: equal bands)
 
     def steps(self, rows: int, k: int) -> list[Step]:
         return steps(rows, k, self)
@@ -113,8 +114,7 @@ def steps(rows: int, k: int, s: Schedule) -> list[Step]:
 
     Panels of ``s.panel_rows`` rows, one after another; in each, every k-block once for the
     whole panel, except the last ``s.final_blocks``, which run band by band (see
-    :func:`band_bounds`: the first and last bands small, so the first write starts early
-    and the last one is short). The first panel's first block comes in pieces growing
+    :func:`band_bounds`: the last bands small, so the last write is short). The first panel's first block comes in pieces growing
     from ``s.first_rows`` rows (see :func:`first_pieces`): the first product waits for a
     small read only. A block needed again stays in its B buffer where it can: the block
     replaced is the one needed again latest (Belady's rule: the order is known), never
@@ -166,17 +166,16 @@ def first_pieces(block: tuple[int, int], first: int) -> list[tuple[int, int]]:
 
 
 def band_bounds(rows: int, bands: int, smallest: int) -> list[tuple[int, int]]:
-    """``rows`` cut into ``bands`` near-equal bands, the first and the last of them in
-    halves down to ``smallest`` rows (none with ``smallest`` 0): the first band's rows are
-    done, and written, after a small share of the bands' products; the write of the last
-    one, which no product hides, is of a small band.
+    """``rows`` cut into ``bands`` near-equal bands, the last of them in halves down to
+    ``smallest`` rows (none with ``smallest`` 0): the write of the last one, which no
+    product hides, is of a small band. The first band stays whole: its steps read the
+    final blocks of B for the first time, and a whole band's products hide those reads.
 
-    With 32768 rows, 8 bands and 256: 256, 256, 512, 1024, 2048, six bands of 4096, and
-    2048, 1024, 512, 256, 256.
+    With 32768 rows, 8 bands and 256: seven bands of 4096, and 2048, 1024, 512, 256, 256.
     """
     sizes = [hi - lo for lo, hi in split(rows, min(bands, rows))]
     if smallest and len(sizes) >= 2:
-        sizes = _halves(sizes[0], smallest)[::-1] + sizes[1:-1] + _halves(sizes[-1], smallest)
+        sizes = sizes[:-1] + _halves(sizes[-1], smallest)
     out, at = [], 0
     for size in sizes:
         out.append((at, at + size))
