@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Many jobs in a row on one running cluster: does the cluster grow, or leave processes?
 
-Starts a cluster of separate processes with ``deploy/local-cluster.sh`` (``dask scheduler``
-plus N ``dask worker``, each with its nanny, as across nodes), runs one warm-up job, then
-JOBS jobs in a row with one ``mgpu submit`` (or one submit each, ``--separate``), and
-measures the resident memory (RSS) of the scheduler and of every worker process before
-and after, the processes in each, what the scheduler still holds, the addresses they listen
-on, and whether anything outlives the run. Prints a table and writes
+Starts N CPU workers with ``mgpu cluster up`` (its process holds the scheduler and the
+workers' nannies; each worker is a process of its own), in a cache folder of its own
+(``DASK_MGPU__CACHE_DIR``) so that a cluster the user keeps running is left alone. Then runs
+one warm-up job, then JOBS jobs in a row with one ``mgpu submit`` (or one submit each,
+``--separate``), each joining that cluster by itself, and measures the resident memory
+(RSS) of the scheduler's process and of every worker process before and after, the
+processes in each, what the scheduler still holds, the addresses they listen on, and
+whether anything outlives ``mgpu cluster down``. Prints a table and writes
 ``OUT/many_jobs.json``.
 
     python benchmarks/many_jobs.py --jobs 50 --out results/many-jobs
@@ -51,18 +53,23 @@ def write_jobs(folder: Path, n: int) -> list[Path]:
     return jobs
 
 
-def cluster_processes(cluster_dir: Path) -> dict[str, psutil.Process]:
-    """Role -> process, for every process local-cluster.sh started and their children."""
-    procs: dict[str, psutil.Process] = {}
-    for pid_file in sorted(cluster_dir.glob("*.pid")):
-        role = pid_file.stem
-        top = psutil.Process(int(pid_file.read_text()))
-        procs[role] = top
-        for child in top.children(recursive=True):
-            # Under a worker's nanny: the worker process, and multiprocessing's resource tracker.
+def cluster_processes(pid: int, address: str) -> dict[str, psutil.Process]:
+    """Role -> process: ``scheduler`` for the process ``mgpu cluster up`` started (it holds
+    the scheduler and the nannies), ``worker-NAME`` for each worker process, by the name the
+    scheduler knows it by, and whatever else runs under it."""
+    from distributed import Client
+
+    with Client(address, timeout=30) as client:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        names = {pid: workers[addr]["name"] for addr, pid in client.run(os.getpid).items()}
+    top = psutil.Process(pid)
+    procs: dict[str, psutil.Process] = {"scheduler": top}
+    for child in top.children(recursive=True):
+        if child.pid in names:
+            procs[f"worker-{names[child.pid]}"] = child
+        else:  # multiprocessing's resource tracker
             cmd = " ".join(child.cmdline())
-            kind = "tracker" if "resource_tracker" in cmd else "process" if "spawn_main" in cmd else "child"
-            procs[f"{role}/{kind}-{child.pid}"] = child
+            procs[f"{'tracker' if 'resource_tracker' in cmd else 'child'}-{child.pid}"] = child
     return procs
 
 
@@ -84,10 +91,12 @@ def snapshot(procs: dict[str, psutil.Process]) -> dict[str, Any]:
     return out
 
 
-def scheduler_state(scheduler_file: Path) -> dict[str, Any]:
+def scheduler_state(address: str, known: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """What the scheduler holds: tasks, workers, worker plugins, and its clients other than
+    this one and ``known`` (the client of the process that holds the cluster)."""
     from distributed import Client
 
-    with Client(scheduler_file=str(scheduler_file), timeout=30) as client:
+    with Client(address, timeout=30) as client:
         deadline = time.monotonic() + 30
         while True:  # the scheduler forgets a gone client's tasks a moment after it leaves
             state = client.run_on_scheduler(
@@ -99,48 +108,35 @@ def scheduler_state(scheduler_file: Path) -> dict[str, Any]:
                 },
                 client.id,
             )
+            state["clients"] = [c for c in state["clients"] if c not in known]
             if state["tasks"] == 0 or time.monotonic() > deadline:
                 return state
             time.sleep(0.2)
 
 
-def local_cluster(*args: str, env: dict[str, str]) -> str:
+def mgpu(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m mgpu ARGS`` with ``env``; raises if it fails."""
     proc = subprocess.run(
-        ["bash", str(ROOT / "deploy" / "local-cluster.sh"), *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [sys.executable, "-m", "mgpu", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"local-cluster.sh {' '.join(args)} failed:\n{proc.stdout}{proc.stderr}")
-    return proc.stdout
+        raise RuntimeError(f"mgpu {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
+    return proc
 
 
-def submit(jobs: list[Path], scheduler_file: Path, json_path: Path) -> dict[str, Any]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "mgpu",
-        "submit",
-        *map(str, jobs),
-        "--scheduler",
-        str(scheduler_file),
-        "--json",
-        str(json_path),
-        "-q",
-    ]
+def submit(jobs: list[Path], json_path: Path, env: dict[str, str]) -> dict[str, Any]:
+    """One ``mgpu submit`` of ``jobs``; with no scheduler given it joins the running cluster."""
+    cmd = [sys.executable, "-m", "mgpu", "submit", *map(str, jobs), "--json", str(json_path), "-q"]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     return {"rc": proc.returncode, "seconds": time.perf_counter() - t0, "stderr": proc.stderr[-4000:]}
 
 
 def measure(n_jobs: int, n_workers: int, out: Path, *, separate: bool = False) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="mgpu-many-", dir=out))
-    cluster_dir = work / "cluster"
-    env = {**os.environ, "PYTHON": sys.executable, "MGPU_CLUSTER_DIR": str(cluster_dir)}
+    # A cache folder of its own: its cluster record is the one these submits join.
+    env = {**os.environ, "DASK_MGPU__CACHE_DIR": str(work / "cache")}
     jobs = write_jobs(work, n_jobs + 1)
     warmup, jobs = jobs[0], jobs[1:]
     report: dict[str, Any] = {
@@ -151,15 +147,18 @@ def measure(n_jobs: int, n_workers: int, out: Path, *, separate: bool = False) -
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
     }
-    local_cluster("up", "-n", str(n_workers), "--cpu", "--port", "0", "--dashboard-port", "0", env=env)
-    scheduler_file = cluster_dir / "scheduler.json"
+    mgpu("cluster", "up", "--backend", "cpu", "--devices", str(n_workers), "--no-dashboard", env=env)
     procs: dict[str, psutil.Process] = {}
     try:
-        procs = cluster_processes(cluster_dir)
-        report["warmup"] = submit([warmup], scheduler_file, work / "warmup.json")
+        running = json.loads(mgpu("cluster", "status", "--json", env=env).stdout)
+        report["address"] = running["address"]
+        procs = cluster_processes(running["pid"], running["address"])
+        # Before any submit: the one client there is the cluster's own.
+        known = frozenset(scheduler_state(running["address"])["clients"])
+        report["warmup"] = submit([warmup], work / "warmup.json", env)
         report["before"] = snapshot(procs)
         if separate:
-            runs = [submit([job], scheduler_file, work / f"result-{i}.json") for i, job in enumerate(jobs)]
+            runs = [submit([job], work / f"result-{i}.json", env) for i, job in enumerate(jobs)]
             results = [
                 json.loads((work / f"result-{i}.json").read_text())
                 for i in range(len(jobs))
@@ -171,7 +170,7 @@ def measure(n_jobs: int, n_workers: int, out: Path, *, separate: bool = False) -
                 "stderr": "".join(r["stderr"] for r in runs)[-4000:],
             }
         else:
-            report["run"] = submit(jobs, scheduler_file, work / "results.json")
+            report["run"] = submit(jobs, work / "results.json", env)
             path = work / "results.json"
             results = json.loads(path.read_text()) if path.exists() else []
         report["after"] = snapshot(procs)
@@ -179,13 +178,14 @@ def measure(n_jobs: int, n_workers: int, out: Path, *, separate: bool = False) -
             "count": len(results),
             "ok": sum(r["status"] == "ok" for r in results),
             "verified": sum(r["verify"]["passed"] is True for r in results),
+            "joined": sum(r["job"]["cluster"]["scheduler"] == running["address"] for r in results),
             "lost_workers": sorted({w for r in results for w in r["recovery"]["lost_workers"]}),
         }
-        report["scheduler"] = scheduler_state(scheduler_file)
+        report["scheduler"] = scheduler_state(running["address"], known)
         # mgpu has exited: nothing of it may be left under this process.
         report["stray"] = [" ".join(p.cmdline()[:6]) for p in psutil.Process().children(recursive=True)]
     finally:
-        local_cluster("down", env=env)
+        mgpu("cluster", "down", env=env)
     report["left_after_down"] = [role for role, p in procs.items() if p.is_running() and p.status() != "zombie"]
     report["growth"] = {
         role: (report["after"][role]["rss"] - b["rss"]) if b and report["after"][role] else None
@@ -198,7 +198,8 @@ def print_table(report: dict[str, Any]) -> None:
     print(
         f"{report['jobs']} jobs in a row ({'one submit each' if report['separate'] else 'one submit'}) "
         f"on {report['workers']} CPU workers, {report['run']['seconds']:.1f} s, exit {report['run']['rc']}; "
-        f"{report['results']['ok']}/{report['results']['count']} ok, {report['results']['verified']} verified"
+        f"{report['results']['ok']}/{report['results']['count']} ok, {report['results']['verified']} verified, "
+        f"{report['results']['joined']} on the running cluster at {report['address']}"
     )
     print(f"{'process':<24} {'RSS before':>11} {'RSS after':>11} {'growth':>9} {'children':>9} listens on")
     for role, before in report["before"].items():
@@ -233,6 +234,7 @@ def main() -> int:
     ok = (
         report["run"]["rc"] == 0
         and report["results"]["ok"] == args.jobs
+        and report["results"]["joined"] == args.jobs
         and not report["stray"]
         and not report["left_after_down"]
     )
