@@ -151,4 +151,4 @@ def test_a_tiles_deadline_is_the_slack_times_its_share_of_the_estimate_never_bel
     # 8 tiles a worker, 2 at once: each worker's tile takes 100 s x 2 x 2 / 16 = 25 s.
     assert tile_deadline(SimpleNamespace(seconds=100.0), plan, 2, 2) == pytest.approx(5 * 25.0)
     assert tile_deadline(SimpleNamespace(seconds=0.01), plan, 2, 1) == 10.0  # the floor
-    assert tile_deadline(None, plan, 2, 1) == 600.0  # no estimate
+    assert tile_deadline(None, plan, 2, 1) == 10.0  # no estimate: the floor (heartbeats tell slow from stuck)

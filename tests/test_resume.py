@@ -64,10 +64,17 @@ def _in_memory(prefix: str) -> Callable[[Any], int]:
 
 
 def _submit_killing(
-    cluster: Any, job: Path, out: Path, name: str, when: Callable[[Any], bool], env: dict[str, str]
+    cluster: Any,
+    job: Path,
+    out: Path,
+    name: str,
+    when: Callable[[Any], bool],
+    env: dict[str, str],
+    sig: int = signal.SIGKILL,
 ) -> tuple[int, str, str, str]:
-    """Submit ``job`` to ``cluster``, SIGKILL worker ``name`` once ``when(client)``; returns
-    (exit code, stdout, stderr, the killed worker's address)."""
+    """Submit ``job`` to ``cluster``, send worker ``name`` ``sig`` (SIGKILL) once
+    ``when(client)``; returns (exit code, stdout, stderr, the worker's address). A stopped
+    worker is let go on (SIGCONT) once the job has ended."""
     cmd = [sys.executable, "-m", "mgpu", "submit", str(job), "--scheduler", cluster.address, "--json", str(out)]
     with subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env}
@@ -77,8 +84,12 @@ def _submit_killing(
             pids = client.run(os.getpid)
             wait_for(lambda: when(client), 60, "the moment to kill a worker", interval=0.02)
         assert proc.poll() is None, "the job ended before a worker could be killed"
-        os.kill(pids[victim], signal.SIGKILL)
-        stdout, stderr = proc.communicate(timeout=180)
+        os.kill(pids[victim], sig)
+        try:
+            stdout, stderr = proc.communicate(timeout=180)
+        finally:
+            if sig == signal.SIGSTOP:
+                os.kill(pids[victim], signal.SIGCONT)
     return proc.returncode, stdout, stderr, victim
 
 
@@ -145,6 +156,27 @@ def test_a_stencil_that_loses_its_only_worker_fails_naming_it_and_writes_nothing
         assert "Traceback" not in stdout + stderr
         assert f"mgpu: job failed: every worker was lost ({victim})" in stderr
         assert sorted(os.listdir(tmp_path)) == ["cluster", "job.yaml"]  # no result, no output, no temporary
+    finally:
+        cluster.stop()
+
+
+def test_a_stencil_whose_worker_stops_retires_it_within_the_floor_and_resumes(tmp_path, no_gpu):
+    # The stencil has no estimate: its deadline is the floor, and the stopped worker, which
+    # the scheduler no longer hears from, is retired then (not after the 10 minutes a worker
+    # still heard from is given).
+    cluster = _slow_cluster(tmp_path / "cluster", 2)
+    try:
+        job = _stencil_job(tmp_path, seed=4)
+        when = lambda c: c.run_on_scheduler(_in_memory("stencil-step-2-2-")) >= 1  # noqa: E731
+        env = {"DASK_MGPU__RECOVERY__TILE_DEADLINE_FLOOR": "3s"}
+        code, stdout, stderr, victim = _submit_killing(
+            cluster, job, tmp_path / "out.json", "1", when, env, sig=signal.SIGSTOP
+        )
+        assert code == 0, stdout + stderr + cluster.logs()
+        data = json.loads((tmp_path / "out.json").read_text())
+        assert data["status"] == "ok" and data["recovery"]["lost_workers"] == [victim]
+        assert data["recovery"]["resumed_from_steps"] == [0]
+        np.testing.assert_array_equal(np.load(tmp_path / "grid.npy"), sweep(_grid(4), STEPS))
     finally:
         cluster.stop()
 

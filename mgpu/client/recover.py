@@ -26,16 +26,17 @@ from .. import config
 from ..errors import JobFailed, JobInputError
 from ..tiling import Tile
 
-__all__ = ["TileTracker", "retire_worker"]
+__all__ = ["TileTracker", "retire_worker", "silent_workers"]
 
 # How often the scheduler is asked which workers remain, and how long the client waits for
 # one record before asking again (its data may have gone with its worker).
 _CHECK_S = 1.0
 _FETCH_S = 5.0
-# A worker heard from (its heartbeat) within this many of its heartbeat intervals is alive:
-# a tile past its deadline there is slow (its estimate left something out, such as
-# decompressing its inputs), not stuck, and keeps running up to the unestimated deadline.
-_HEARTBEATS = 4
+# A worker heard from (its heartbeat) within this many of its heartbeat intervals, plus
+# _HEARD_S, is alive: a tile past its deadline there is slow (its estimate left something
+# out, such as decompressing its inputs), not stuck, and keeps running up to the unestimated
+# deadline. The window stays below the deadline's floor, so a stopped worker is found then.
+_HEARTBEATS, _HEARD_S = 10, 2.0
 
 
 def task_failure(key: str, worker: str | None, error: BaseException) -> str:
@@ -69,9 +70,21 @@ def _heard_from(addresses: list[str], dask_scheduler: Any = None) -> list[str]:
     from distributed.metrics import time as now
     from distributed.scheduler import heartbeat_interval
 
-    window = _HEARTBEATS * heartbeat_interval(len(dask_scheduler.workers)) + 1.0
+    window = _HEARTBEATS * heartbeat_interval(len(dask_scheduler.workers)) + _HEARD_S
     workers = dask_scheduler.workers
     return [a for a in addresses if a in workers and now() - workers[a].last_seen < window]
+
+
+def silent_workers(client: Any, addresses: list[str]) -> set[str]:
+    """Of ``addresses``, the workers the scheduler has not heard from lately (stopped or
+    frozen, or gone); all of them where the scheduler cannot say."""
+    if not addresses:
+        return set()
+    try:
+        heard = client.run_on_scheduler(_heard_from, addresses, callback_timeout=_FETCH_S)
+    except Exception:
+        return set(addresses)
+    return set(addresses) - set(heard)
 
 
 def retire_worker(client: Any, address: str, *, ours: bool) -> None:
@@ -236,10 +249,7 @@ class TileTracker:
         overdue = sorted(w for w, q in quiet.items() if q >= self.deadline_s)
         if not overdue:
             return
-        try:
-            alive = set(self.client.run_on_scheduler(_heard_from, overdue, callback_timeout=_FETCH_S))
-        except Exception:
-            alive = set()
+        alive = set(overdue) - silent_workers(self.client, overdue)
         for worker in overdue:
             if worker in alive and quiet[worker] < max(self.alive_deadline_s, self.deadline_s):
                 continue  # slow, not stuck: it still answers

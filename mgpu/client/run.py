@@ -133,12 +133,13 @@ def run_job(job: Job, events: Events | None = None, *, security: Any = None, cli
 
 def tile_deadline(expected: Any, plan: Any, workers: int, concurrency: int) -> float:
     """How long a worker with tiles in flight may go without finishing one before it is
-    taken as stuck: ``mgpu.recovery``'s slack times a tile's share of the estimate (its
-    worker runs ``concurrency`` at once), never below the floor; without an estimate, the
-    setting for that."""
+    taken as stuck if the scheduler no longer hears from it: ``mgpu.recovery``'s slack
+    times a tile's share of the estimate (its worker runs ``concurrency`` at once), never
+    below the floor; without an estimate, the floor. (A worker still heard from is slow,
+    not stuck, and waits up to the setting for jobs without an estimate.)"""
     settings = config.load().recovery
     if expected is None or not plan.tiles:
-        return settings.tile_deadline_unestimated
+        return settings.tile_deadline_floor
     tile_s = expected.seconds * workers * concurrency / len(plan.tiles)
     return max(settings.tile_deadline_floor, settings.tile_deadline_slack * tile_s)
 

@@ -22,7 +22,7 @@ from ..results import Recovery
 from ..tiling import Plan, Tile
 from ..worker.tasks import end_job, make_panel, run_tile, warmup
 from ..workloads.base import TileRecord, Workload
-from .recover import TileTracker
+from .recover import TileTracker, silent_workers
 from .steps import SteppedRun
 
 __all__ = ["panel_priorities", "run_plan", "tile_places", "warm_up"]
@@ -44,13 +44,15 @@ def warm_up(
 ) -> None:
     """Run each worker's warm-up once before the timed tiles (compiles kernels, makes handles);
     ``tile`` is one of the plan's, whose size and args the warm-up follows. A worker whose
-    warm-up has not ended within ``deadline_s`` is stuck: ``retire`` takes it out (its
-    tiles then go to the others, as a lost worker's do).
+    warm-up has not ended within ``deadline_s`` and that the scheduler no longer hears
+    from is stuck: ``retire`` takes it out (its tiles then go to the others, as a lost
+    worker's do). One still heard from is given up to the deadline of a job without an
+    estimate (``mgpu.recovery.tile-deadline-unestimated``).
 
     Raises
     ------
     JobFailed
-        If the warm-ups have not ended within twice ``deadline_s``.
+        If the warm-ups have not ended within ``deadline_s`` of the stuck workers' retiring.
     """
     # Loosely placed: a worker lost meanwhile must not leave its warm-up waiting forever.
     futures = [
@@ -66,14 +68,21 @@ def warm_up(
         )
         for i, w in enumerate(workers)
     ]
-    if not _ended(futures, deadline_s):
-        for worker, fut in zip(workers, futures, strict=True):
-            if not fut.done():
-                retire(worker)
+    patience = max(deadline_s or 0.0, config.load().recovery.tile_deadline_unestimated)
+    waited = 0.0
+    while not _ended(futures, deadline_s):
+        waited += deadline_s or 0.0
+        pending = [w for w, f in zip(workers, futures, strict=True) if not f.done()]
+        stuck = silent_workers(client, pending) if waited < patience else set(pending)
+        if not stuck:
+            continue  # slow, not stuck: heard from
+        for worker in sorted(stuck):
+            retire(worker)
         # Loosely placed: the retired workers' warm-ups run on the others.
         if not _ended(futures, deadline_s):
-            stuck = [w for w, f in zip(workers, futures, strict=True) if not f.done()]
-            raise JobFailed(f"the warm-up did not end within {2 * (deadline_s or 0):.0f} s on {', '.join(stuck)}")
+            left = [w for w, f in zip(workers, futures, strict=True) if not f.done()]
+            raise JobFailed(f"the warm-up did not end within {waited + (deadline_s or 0):.0f} s on {', '.join(left)}")
+        break
     client.gather(futures)
 
 
