@@ -135,7 +135,7 @@ class Recovery(_Section):
     # least the floor) is taken as stuck: retired, its tiles run elsewhere.
     tile_deadline_slack: float = 5.0
     tile_deadline_floor: float = 10.0  # seconds
-    tile_deadline_unestimated: float = 600.0  # seconds, where no estimate exists
+    tile_deadline_heard: float = 600.0  # seconds, for a worker whose heartbeats still come
     # A stepped job's tiles save their state every this many steps, kept on two workers;
     # 0: never (a job that loses a worker starts its steps again from step 0).
     checkpoint_steps: int = 0
@@ -154,7 +154,7 @@ class Recovery(_Section):
             raise ValueError(f"{value!r} is not a factor of at least 1 (e.g. 5)")
         return float(value)
 
-    @field_validator("wait_for_workers", "tile_deadline_floor", "tile_deadline_unestimated", mode="before")
+    @field_validator("wait_for_workers", "tile_deadline_floor", "tile_deadline_heard", mode="before")
     @classmethod
     def _seconds(cls, value: Any) -> float:
         try:

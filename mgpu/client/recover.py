@@ -34,8 +34,9 @@ _CHECK_S = 1.0
 _FETCH_S = 5.0
 # A worker heard from (its heartbeat) within this many of its heartbeat intervals, plus
 # _HEARD_S, is alive: a tile past its deadline there is slow (its estimate left something
-# out, such as decompressing its inputs), not stuck, and keeps running up to the unestimated
-# deadline. The window stays below the deadline's floor, so a stopped worker is found then.
+# out, such as decompressing its inputs), not stuck, and keeps running up to
+# mgpu.recovery.tile-deadline-heard. The window (7 s for up to 10 workers) is shorter than
+# the deadline's floor, so a stopped worker is found as the floor passes.
 _HEARTBEATS, _HEARD_S = 10, 2.0
 
 
@@ -132,8 +133,8 @@ class TileTracker:
         finished tile, or its first tile's submission) before it is taken as stuck; None: never.
         A worker whose heartbeats still come is given up to ``alive_deadline_s`` instead.
     alive_deadline_s
-        The same for a worker still heard from (by default ``mgpu.recovery``'s deadline
-        for tiles without an estimate).
+        The same for a worker still heard from (by default
+        ``mgpu.recovery.tile-deadline-heard``).
     retire
         Called with a stuck worker's address to take it out of the cluster (it is then lost).
     regroup
@@ -146,7 +147,7 @@ class TileTracker:
     submit_task: Callable[[Tile, str | None, int], Any]
     on_lost: Callable[[str, list[int]], None] = lambda worker, tiles: None
     deadline_s: float | None = None
-    alive_deadline_s: float = field(default_factory=lambda: config.load().recovery.tile_deadline_unestimated)
+    alive_deadline_s: float = field(default_factory=lambda: config.load().recovery.tile_deadline_heard)
     retire: Callable[[str], None] = lambda worker: None
     regroup: Callable[[list[str]], dict[int, str] | None] | None = None
     lost_workers: list[str] = field(default_factory=list)

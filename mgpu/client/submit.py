@@ -46,8 +46,7 @@ def warm_up(
     ``tile`` is one of the plan's, whose size and args the warm-up follows. A worker whose
     warm-up has not ended within ``deadline_s`` and that the scheduler no longer hears
     from is stuck: ``retire`` takes it out (its tiles then go to the others, as a lost
-    worker's do). One still heard from is given up to the deadline of a job without an
-    estimate (``mgpu.recovery.tile-deadline-unestimated``).
+    worker's do). One still heard from is given up to ``mgpu.recovery.tile-deadline-heard``.
 
     Raises
     ------
@@ -68,7 +67,7 @@ def warm_up(
         )
         for i, w in enumerate(workers)
     ]
-    patience = max(deadline_s or 0.0, config.load().recovery.tile_deadline_unestimated)
+    patience = max(deadline_s or 0.0, config.load().recovery.tile_deadline_heard)
     waited = 0.0
     while not _ended(futures, deadline_s):
         waited += deadline_s or 0.0
