@@ -15,6 +15,7 @@ workers are mgpu's to close, not the terminal's.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -56,6 +57,9 @@ def _already_stopping(signum: int, frame: Any) -> None:
 def _interrupt(signum: int, frame: Any) -> None:
     for sig in _HANDLED:
         signal.signal(sig, _already_stopping)
+    # mgpu says what it does about it in one line; Dask's own account of the teardown that
+    # follows (a scheduler here logging its workers' streams closing) would print under it.
+    logging.getLogger("distributed").setLevel(logging.CRITICAL)
     raise Interrupted(signum)
 
 
