@@ -607,7 +607,7 @@ def test_distributed_matmul_from_files_writes_the_product_and_counts_pcie(tmp_pa
     assert all(w.h2d_gbps and w.d2h_gbps for w in result.per_worker)
 
 
-@pytest.mark.parametrize("limit", ["1GB", "80MB"])  # all of C kept; panels of it
+@pytest.mark.parametrize("limit", ["1GB", "50MB"])  # all of C kept; panels of it (C alone is 25 MB)
 def test_streamed_matmul_from_files_on_one_gpu(tmp_path, limit):
     from mgpu.workloads.matmul import stream as matmul_stream
 
@@ -630,13 +630,10 @@ def test_streamed_matmul_from_files_on_one_gpu(tmp_path, limit):
     if panels == 1:
         assert result.pcie.bytes == result.pcie.minimum_bytes == 4 * (m * k + k * n + m * n)
     assert matmul_stream.BLOCK_ROWS < k
-    # Where each tile's time went (one tile a panel), the parts adding up to its span.
-    tiles = sorted(t.tile for t in result.timeline)
-    assert tiles == list(range(len(tiles))) and len(tiles) >= panels
-    for t in result.timeline:
-        parts = (t.first_load_s, t.products_s, t.idle_s, t.write_tail_s)
-        assert min(parts) >= 0 and sum(parts) == pytest.approx(t.span_s, abs=1e-6)
-        assert t.span_s <= result.per_device[0].span_s + 1e-6 and t.products_s > 0 and t.pieces >= 2
+    (t,) = result.timeline  # where the tile's time went (one tile streams every panel), the parts adding up to its span
+    parts = (t.first_load_s, t.products_s, t.idle_s, t.write_tail_s)
+    assert min(parts) >= 0 and sum(parts) == pytest.approx(t.span_s, abs=1e-6)
+    assert t.span_s <= result.per_device[0].span_s + 1e-6 and t.products_s > 0 and t.pieces >= 2
 
 
 @pytest.mark.parametrize("method", ["pwrite", "mmap"])
