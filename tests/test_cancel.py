@@ -36,7 +36,9 @@ def _wait_for_a_written_tile(folder: Path, proc: subprocess.Popen, timeout: floa
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_signal_mid_job_cancels_closes_the_cluster_and_keeps_nothing(tmp_path, sig):
-    job = matmul_job(tmp_path, 96, 64, 24, {"m": 12, "n": 32})
+    # 64 tiles, 32 a worker: the signal, sent once one is written, lands mid-job (with 16, a
+    # job on a quick machine could finish first).
+    job = matmul_job(tmp_path, 384, 64, 24, {"m": 12, "n": 32})
     # As python -m mgpu, its workers holding every tile longer (see tests/slow_mgpu.py).
     slow = [sys.executable, str(Path(__file__).with_name("slow_mgpu.py")), str(TILE_DELAY_S)]
     args = [job, "--backend", "cpu", "--devices", "2", "--no-dashboard", "--json", tmp_path / "out.json"]
