@@ -58,8 +58,13 @@ def _interrupt(signum: int, frame: Any) -> None:
     for sig in _HANDLED:
         signal.signal(sig, _already_stopping)
     # mgpu says what it does about it in one line; Dask's own account of the teardown that
-    # follows (a scheduler here logging its workers' streams closing) would print under it.
-    logging.getLogger("distributed").setLevel(logging.CRITICAL)
+    # follows (a scheduler here logging its workers' streams closing) would print with it.
+    # A filter on the handlers too: a cluster stopped while it starts puts back its handlers'
+    # levels, not their filters.
+    distributed = logging.getLogger("distributed")
+    distributed.setLevel(logging.CRITICAL)
+    for handler in distributed.handlers:
+        handler.addFilter(lambda record: False)
     raise Interrupted(signum)
 
 
@@ -125,6 +130,9 @@ def exit_on_signals_while_starting() -> None:
 
 
 def dask_setup(worker: Any) -> None:
-    """Preload of a worker process of a cluster mgpu starts: leave Ctrl-C to mgpu."""
+    """Preload of a worker process of a cluster mgpu starts: leave Ctrl-C to mgpu, and keep
+    Dask's notes on the worker's connections (streams opened and closed) out of the
+    terminal mgpu writes to; its warnings and errors still print."""
+    logging.getLogger("distributed").setLevel(logging.WARNING)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
