@@ -105,22 +105,7 @@ def test_steps_in_one_process_keep_state_and_pass_what_neighbours_sent():
     wl = Relay(RelayParams(tiles=3, steps=3))
     plan = wl.plan({"w": None}, 1 << 20, {})
     steps = routine.StepStore()
-    last: dict[int, routine.Sent] = {}
-    for step in range(plan.steps):
-        last = {
-            t.index: routine.step_tile(
-                wl,
-                dev,
-                t,
-                step,
-                "tok",
-                last.get(t.index),
-                [last[n] for n in t.neighbours if n in last],
-                steps=steps,
-                buffers=PeerBuffers(),
-            )
-            for t in plan.tiles
-        }
+    last = _steps(wl, plan, dev, steps, 0, {})
     assert steps.held() == 3
     records = [routine.run_tile(wl, dev, t, token="tok", stepped=last[t.index], steps=steps) for t in plan.tiles]
     assert [r.value for r in records] == list(_relay(3, 3))
