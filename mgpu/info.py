@@ -14,6 +14,8 @@ from . import gpus as gpus_
 from .memory import AllocatorChoice
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from .cluster import ClusterInfo
 
 __all__ = ["machine_info", "read_versions_meanwhile", "runtime_env"]
@@ -104,8 +106,10 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def runtime_env(info: ClusterInfo) -> dict[str, Any]:
-    """The environment a result records: versions here and on a worker, GPUs, allocator, protocol."""
+def runtime_env(info: ClusterInfo, lost: Collection[str] = ()) -> dict[str, Any]:
+    """The environment a result records: versions here and on a worker, GPUs, allocator,
+    protocol. The worker asked is one still there (not in ``lost``): asking a lost one
+    waits out a connect timeout."""
     env: dict[str, Any] = {
         "client": _versions(load=False),
         "allocator": info.resolved.allocator if info.backend == "cuda" else "numpy",
@@ -114,10 +118,10 @@ def runtime_env(info: ClusterInfo) -> dict[str, Any]:
         "hosts": sorted({f.host for f in info.devices.values()}),
     }
     if info.backend == "cuda":
-        first = next(iter(info.devices))
-        if first not in info.worker_env:  # asked once a cluster: the jobs after read it
-            info.worker_env[first] = info.client.run(_worker_env, workers=[first])[first]
-        env["worker"] = info.worker_env[first]
+        left = [w for w in info.devices if w not in lost]
+        if not info.worker_env and left:  # asked once a cluster: the jobs after read it
+            info.worker_env[left[0]] = info.client.run(_worker_env, workers=[left[0]])[left[0]]
+        env["worker"] = next(iter(info.worker_env.values()), {})
     return env
 
 

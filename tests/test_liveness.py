@@ -152,3 +152,26 @@ def test_a_tiles_deadline_is_the_slack_times_its_share_of_the_estimate_never_bel
     assert tile_deadline(SimpleNamespace(seconds=100.0), plan, 2, 2) == pytest.approx(5 * 25.0)
     assert tile_deadline(SimpleNamespace(seconds=0.01), plan, 2, 1) == 10.0  # the floor
     assert tile_deadline(None, plan, 2, 1) == 10.0  # no estimate: the floor (heartbeats tell slow from stuck)
+
+
+def test_a_result_after_a_lost_gpu_worker_asks_a_worker_still_there_for_its_environment():
+    # Asking the lost worker (the first of the job's) waits out a 30 s connect timeout and
+    # then fails the job whose tiles all verified.
+    from mgpu.cluster import ClusterInfo
+    from mgpu.info import runtime_env
+    from mgpu.workload import DeviceFacts
+
+    asked: list[str] = []
+
+    class Client:
+        def run(self, fn, workers):
+            asked.extend(workers)
+            return {workers[0]: {"driver": 13000}}
+
+    devices = {f"tcp://w{i}:1": DeviceFacts("cuda", 0, "NVIDIA H100", 80 << 30, 80 << 30, "h") for i in range(3)}
+    resolved = SimpleNamespace(allocator="pool", protocol="tcp")
+    info = ClusterInfo(Client(), resolved, owned=True, devices=devices)  # type: ignore[arg-type]
+    env = runtime_env(info, lost=["tcp://w0:1"])
+    assert asked == ["tcp://w1:1"] and env["worker"] == {"driver": 13000}
+    runtime_env(info, lost=["tcp://w0:1", "tcp://w1:1"])  # a later job of the cluster reads it
+    assert asked == ["tcp://w1:1"]

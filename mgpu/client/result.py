@@ -157,7 +157,7 @@ def build_result(
             "budget": plan.budget,
             "expected_s": plan.notes.get("estimate", {}).get("seconds"),
         },
-        env=runtime_env(info),
+        env=runtime_env(info, recovery.lost_workers if recovery else ()),
         recovery=recovery or Recovery(),
         startup=startup,
         pcie=pcie,
