@@ -33,7 +33,7 @@ from .sizes import format_bytes, resolve_size
 from .spec import ClusterSpec
 from .worker.device import DeviceFacts, address_space_room
 from .worker.plugins import AllocatorStats, PoolMetrics, RuntimeSetup, SettingsSetup, SpillToManaged
-from .worker.tasks import device_facts
+from .worker.tasks import device_facts, take_turns
 
 __all__ = [
     "ClusterInfo",
@@ -414,10 +414,14 @@ class Survey:
 
 
 def survey(client: Client) -> Survey:
-    """Ask every worker for its :class:`Survey` entries, in one round trip."""
+    """Ask every worker for its :class:`Survey` entries, in one round trip; where workers
+    share a GPU, a second tells them to take turns at it (:mod:`mgpu.worker.turns`)."""
     answers = client.run(_describe)
     facts = {addr: f for addr, (f, _, _) in answers.items()}
     ordered = dict(sorted(facts.items(), key=lambda kv: (kv[1].host, kv[1].id, kv[0])))
+    shared = shared_by(ordered)
+    if any(n > 1 for n in shared.values()):
+        client.run(take_turns, shared, workers=list(shared))
     return Survey(
         ordered,
         {addr: versions for addr, (_, versions, _) in answers.items()},

@@ -136,6 +136,10 @@ def test_n_workers_per_gpu_each_get_the_spec_dask_cuda_makes_for_that_gpu(monkey
     assert set(start_cuda_cluster([0, 1], 1).worker_spec) == {0, 1}
 
 
+def _takes_turns(dask_worker: Any = None) -> bool:
+    return current_runtime(dask_worker).turns.shared
+
+
 def _share_one_device(dask_worker: Any = None) -> str:
     rt = current_runtime(dask_worker)
     rt.device.facts = dataclasses.replace(rt.device.facts, uuid="GPU-shared")
@@ -151,9 +155,12 @@ def test_workers_sharing_a_device_are_one_device_in_the_result_and_its_roofline(
             "cluster": {"dashboard": None},
         }
         apart = mgpu.run(job, client)
+        assert set(client.run(_takes_turns).values()) == {False}
         client.register_plugin(RuntimeSetup("auto"))  # the runtime mgpu.run keeps (idempotent)
         assert set(client.run(_share_one_device).values()) == {"GPU-shared"}
         shared = mgpu.run(job, client)
+        # Workers sharing a device take turns at it (mgpu.worker.turns), told so as they are found.
+        assert set(client.run(_takes_turns).values()) == {True}
     assert apart.verify.passed and shared.verify.passed
     assert [d["workers"] for d in apart.devices] == [1, 1] and len(apart.per_device) == 2
     # One device, both workers on it: one row of every tile, and a row per worker beside it.

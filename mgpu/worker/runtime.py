@@ -4,7 +4,8 @@ A :class:`Runtime` holds the worker's :class:`~mgpu.worker.device.Device` (array
 the task threads' streams, the host threads and pinned buffers of staged copies, arrays
 kept between tiles, references to what the memory plugins set up), its
 :class:`~mgpu.worker.panels.PanelStore`, and what its stepped tiles keep between steps
-(:class:`~mgpu.worker.tile.StepStore`, :class:`~mgpu.worker.exchange.PeerBuffers`). The
+(:class:`~mgpu.worker.tile.StepStore`, :class:`~mgpu.worker.exchange.PeerBuffers`), and its
+turns at a GPU other workers share (:class:`~mgpu.worker.turns.DeviceTurns`). The
 :class:`~mgpu.worker.plugins.RuntimeSetup` worker plugin makes one per worker
 (:func:`make_runtime`; two workers in one process have one each) and frees it at its
 teardown. The task entry points (:mod:`mgpu.worker.tasks`) find it and hand its parts
@@ -30,6 +31,7 @@ from .device import Device, DeviceFacts, address_space_room
 from .exchange import PeerBuffers
 from .panels import PanelStore
 from .tile import StepStore
+from .turns import DeviceTurns
 
 __all__ = ["Runtime", "make_runtime"]
 
@@ -45,6 +47,12 @@ class Runtime:
     # The warm-ups run on this worker (see mgpu.worker.tasks.warmup): a job like one before
     # finds its kernels compiled and its handles made, and skips its own.
     warmed: set[Hashable] = field(default_factory=set)
+    turns: DeviceTurns = field(init=False)
+
+    def __post_init__(self) -> None:
+        dev = self.device
+        drain = dev.xp.cuda.runtime.deviceSynchronize if dev.is_gpu else (lambda: None)
+        self.turns = DeviceTurns(dev.facts.physical, drain)
 
     def close_opened(self, token: str) -> None:
         """The first half of a job's end, once every tile has ended: drop its stepped tiles
@@ -66,6 +74,7 @@ class Runtime:
         self.steps.close()
         self.exchange.close()
         self.panels.close()
+        self.turns.close()
         self.device.close()
 
 

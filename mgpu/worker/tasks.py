@@ -2,7 +2,9 @@
 runs there with ``Client.run``.
 
 These alone look up the worker's runtime (:func:`current`); they hand its parts down to
-the routine around a tile (:mod:`mgpu.worker.tile`) and, through it, to the workloads.
+the routine around a tile (:mod:`mgpu.worker.tile`) and, through it, to the workloads. A
+tile, a step and a panel each run in a turn at the worker's GPU, where other workers
+share it (:mod:`mgpu.worker.turns`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = [
     "resume_tile",
     "run_tile",
     "step_tile",
+    "take_turns",
     "warmup",
     "with_device",
 ]
@@ -61,7 +64,8 @@ def current(dask_worker: Any = None) -> Runtime:
 def make_panel(workload: Workload, panel: Panel, token: str, after: PanelRef | None = None) -> PanelRef:
     """Make ``panel`` on this worker; ``after``, the worker's panel before it, only orders them."""
     rt = current()
-    return _tile.make_panel(workload, rt.device, panel, token, rt.panels)
+    with rt.turns.turn():
+        return _tile.make_panel(workload, rt.device, panel, token, rt.panels)
 
 
 def run_tile(
@@ -74,16 +78,17 @@ def run_tile(
     """Compute ``tile`` on this worker's device and return its record (``stepped``: the
     tile's last step, for a stepped plan)."""
     rt = current()
-    return _tile.run_tile(
-        workload,
-        rt.device,
-        tile,
-        panels,
-        token=token,
-        stepped=stepped,
-        steps=rt.steps,
-        panel_store=rt.panels,
-    )
+    with rt.turns.turn():
+        return _tile.run_tile(
+            workload,
+            rt.device,
+            tile,
+            panels,
+            token=token,
+            stepped=stepped,
+            steps=rt.steps,
+            panel_store=rt.panels,
+        )
 
 
 def step_tile(
@@ -100,21 +105,22 @@ def step_tile(
 ) -> _tile.Sent:
     """Step ``step`` of a stepped tile on this worker's device (see :func:`mgpu.worker.tile.step_tile`)."""
     rt = current()
-    return _tile.step_tile(
-        workload,
-        rt.device,
-        tile,
-        step,
-        token,
-        previous,
-        received,
-        remote,
-        peers,
-        same_device,
-        save,
-        steps=rt.steps,
-        buffers=rt.exchange,
-    )
+    with rt.turns.turn():
+        return _tile.step_tile(
+            workload,
+            rt.device,
+            tile,
+            step,
+            token,
+            previous,
+            received,
+            remote,
+            peers,
+            same_device,
+            save,
+            steps=rt.steps,
+            buffers=rt.exchange,
+        )
 
 
 def hand_over_checkpoint(token: str, index: int, step: int, after: _tile.Sent) -> _tile.Checkpoint:
@@ -135,7 +141,8 @@ def resume_tile(
     """Make a stepped tile's context on this worker from a checkpoint (see
     :func:`mgpu.worker.tile.resume_tile`)."""
     rt = current()
-    return _tile.resume_tile(workload, rt.device, tile, checkpoint, token, remote, steps=rt.steps)
+    with rt.turns.turn():
+        return _tile.resume_tile(workload, rt.device, tile, checkpoint, token, remote, steps=rt.steps)
 
 
 def warmup(workload: Workload, tile: Tile) -> bool:
@@ -153,6 +160,14 @@ def warmup(workload: Workload, tile: Tile) -> bool:
     workload.warmup(rt.device, tile)
     rt.warmed.add(key)
     return True
+
+
+def take_turns(shared: dict[str, int], dask_worker: Any = None) -> bool:
+    """Whether this worker now takes turns at its GPU: where ``shared`` (worker address ->
+    how many workers share its device) says others share it."""
+    turns = current(dask_worker).turns
+    turns.shared = shared.get(dask_worker.address, 1) > 1
+    return turns.shared
 
 
 def with_device(fn: Callable[..., T], *args: Any) -> T:

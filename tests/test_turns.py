@@ -1,0 +1,80 @@
+"""Workers that share a GPU take turns at it: one process's work on the device at a time,
+its threads together, each turn ending once its work has run (mgpu.worker.turns)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+import uuid
+from typing import Any
+
+from mgpu.worker.turns import DeviceTurns
+
+HOLD_S = 0.3  # how long the first process holds its turn: time enough for the other to barge in
+
+
+def _hold(device: str, shared: bool, log: Any, other_waiting: Any) -> None:
+    turns = DeviceTurns(device, drain=lambda: log.put("A drained"))
+    turns.shared = shared
+    with turns.turn():
+        log.put("A in")
+        other_waiting.set()
+        time.sleep(HOLD_S)
+        log.put("A leaving")
+
+
+def _enter(device: str, shared: bool, log: Any, other_waiting: Any) -> None:
+    turns = DeviceTurns(device, drain=lambda: None)
+    turns.shared = shared
+    other_waiting.wait()
+    with turns.turn():
+        log.put("B in")
+
+
+def _order(shared: bool) -> list[str]:
+    ctx = multiprocessing.get_context("spawn")
+    log, waiting = ctx.Queue(), ctx.Event()
+    device = f"GPU-test-{uuid.uuid4()}"
+    procs = [ctx.Process(target=f, args=(device, shared, log, waiting)) for f in (_hold, _enter)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    return [log.get(timeout=5) for _ in range(4 if shared else 3)]
+
+
+def test_a_process_waits_for_the_turn_of_another_on_the_same_gpu_until_its_work_has_run():
+    assert _order(shared=True) == ["A in", "A leaving", "A drained", "B in"]
+
+
+def test_a_gpu_no_other_worker_shares_is_never_waited_for():
+    assert _order(shared=False) == ["A in", "B in", "A leaving"]
+
+
+def test_the_threads_of_one_process_share_its_turn_and_the_last_one_out_drains():
+    events: list[str] = []
+    turns = DeviceTurns(f"GPU-test-{uuid.uuid4()}", drain=lambda: events.append("drained"))
+    turns.shared = True
+    first_in, second_in = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with turns.turn():
+            first_in.set()
+            assert second_in.wait(10)  # the second gets in while the first holds the turn
+            events.append("first out")
+
+    def second() -> None:
+        assert first_in.wait(10)
+        with turns.turn():
+            events.append("second in")
+            second_in.set()
+
+    threads = [threading.Thread(target=f) for f in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    turns.close()
+    assert events.index("second in") < events.index("first out")  # both inside at once
+    assert events.count("drained") == 1 and events[-1] == "drained"  # once, when both were out
