@@ -275,32 +275,42 @@ def test_a_job_stopped_mid_way_leaves_no_store(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["job.yaml"]  # no store, no temporary one
 
 
-def _host_reads(requests):
-    """io.read_in_order's contract, read on the host into NumPy arrays."""
-    for path, offset, out in requests:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(out.nbytes)
-        if len(data) != out.nbytes:
-            raise EOFError(path)
-        out.reshape(-1).view(np.uint8)[:] = np.frombuffer(data, np.uint8)
-    for _ in requests:
-        yield 0.001
+def _fake_gpu(monkeypatch):
+    """A device that says it is a GPU, its arrays NumPy's: the store's GPU path with a
+    stand-in for KvikIO that reads into host arrays and the stager's copies done on the
+    host, each one recorded. It has no ``empty``: a read that made a device buffer fails."""
+    from test_transfer import _stand_in_kvikio_module
+
+    _stand_in_kvikio_module(monkeypatch)
+    seen = {"direct": [], "staged": [], "counted": []}
+    real_started = stores.io.started
+
+    def started(requests):
+        seen["direct"] += [(path, offset, out.nbytes) for path, offset, out in requests]
+        return real_started(requests)
+
+    def load_pieces(dev, pieces, *, spread=False):
+        for dst, src in pieces:
+            assert isinstance(src.base, np.memmap) or isinstance(src, np.memmap)  # a view of the chunk's map
+            seen["staged"].append(src.nbytes)
+            np.copyto(dst, src)
+        return sum(dst.nbytes for dst, _ in pieces)
+
+    monkeypatch.setattr(stores.io, "started", started)
+    monkeypatch.setattr(stores.transfer, "load_pieces", load_pieces)
+    dev = SimpleNamespace(
+        is_gpu=True,
+        xp=SimpleNamespace(),
+        synchronize=lambda: None,
+        on_stream=contextlib.nullcontext,
+        count_read=lambda kind, nbytes, seconds: seen["counted"].append(nbytes),
+    )
+    return dev, seen
 
 
 @pytest.mark.parametrize("chunks", [(128, 517), (100, 64), (3001, 517), (7, 600)])
 def test_the_gpu_reader_puts_every_piece_in_place(tmp_path, monkeypatch, chunks):
-    # The GPU path's pieces, batches and staging, with KvikIO's reads done from the host.
-    monkeypatch.setattr(stores.io, "read_in_order", _host_reads)
-    monkeypatch.setattr(stores, "_STAGING_BYTES", 50_000)  # several batches a block
-    counted = []
-    dev = SimpleNamespace(
-        is_gpu=True,
-        xp=np,
-        synchronize=lambda: None,
-        on_stream=contextlib.nullcontext,
-        count_read=lambda kind, nbytes, seconds: counted.append(nbytes),
-    )
+    dev, seen = _fake_gpu(monkeypatch)
     data = np.random.default_rng(2).standard_normal((3001, 517)).astype(np.float32)
     z = zarr.create_array(
         str(tmp_path / "a.zarr"), shape=data.shape, chunks=chunks, dtype="float32", compressors=None, fill_value=7.0
@@ -315,7 +325,82 @@ def test_the_gpu_reader_puts_every_piece_in_place(tmp_path, monkeypatch, chunks)
     if 2 * chunks[0] <= 3001:  # exactly the second row of chunks, its first column of chunks
         blocks.append(((chunks[0], 2 * chunks[0]), (0, min(517, chunks[1]))))
     for rows, cols in blocks:
-        got = src.read(dev, rows, cols)
         c = cols or (0, 517)
+        got = np.full((rows[1] - rows[0], c[1] - c[0]), np.nan, np.float32)
+        src.read_into(dev, got, rows, cols)
         np.testing.assert_array_equal(got, want[rows[0] : rows[1], c[0] : c[1]])
-    assert sum(counted) >= data.nbytes  # every read counted
+    assert sum(seen["counted"]) == sum(n for _, _, n in seen["direct"])  # every KvikIO read counted
+    assert seen["direct"] or chunks[1] != 517  # chunks as wide as the array: whole rows in place
+
+
+def test_a_block_narrower_than_its_chunks_moves_its_own_bytes_only(tmp_path, monkeypatch):
+    # The streamed matmul's blocks of A are 1024 columns of chunks 2048 wide, and the
+    # first ones 256: each piece copies its own columns, no chunk rows whole.
+    dev, seen = _fake_gpu(monkeypatch)
+    data = np.arange(64 * 40, dtype=np.float32).reshape(64, 40)
+    src = ZarrSource(inspect_zarr(_store(tmp_path / "a.zarr", data, (16, 20)), key="a"))
+    for cols in [(0, 10), (10, 20), (0, 5), (25, 40)]:
+        got = np.empty((64, cols[1] - cols[0]), np.float32)
+        src.read_into(dev, got, (0, 64), cols)
+        np.testing.assert_array_equal(got, data[:, cols[0] : cols[1]])
+    assert seen["direct"] == []
+    assert sum(seen["staged"]) == 64 * (10 + 10 + 5 + 15) * 4
+    # A block exactly one column of chunks wide is whole chunk rows: in place, no staging.
+    got = np.empty((40, 20), np.float32)
+    src.read_into(dev, got, (8, 48), (20, 40))
+    np.testing.assert_array_equal(got, data[8:48, 20:40])
+    paths = [os.path.relpath(p, src.info.path) for p, _, _ in seen["direct"]]
+    assert paths == [os.path.join("c", str(i), "1") for i in range(3)]
+    assert [(o, n) for _, o, n in seen["direct"]] == [(8 * 20 * 4, 8 * 20 * 4), (0, 16 * 20 * 4), (0, 16 * 20 * 4)]
+
+
+def test_block_reads_put_whole_chunk_rows_in_place_and_stage_the_rest(tmp_path):
+    # The bench's layouts: A in chunks 4096 x 2048, B in chunks of 2048 whole rows, and
+    # square chunks, scaled down by 256.
+    a = inspect_zarr(_store(tmp_path / "a.zarr", np.ones((128, 128), np.float32), (16, 8)), key="a")
+    b = inspect_zarr(_store(tmp_path / "b.zarr", np.ones((128, 128), np.float32), (8, 128)), key="b")
+    sq = inspect_zarr(_store(tmp_path / "sq.zarr", np.ones((128, 128), np.float32), (16, 16)), key="b")
+
+    def how(info, box):
+        return [r.how for r in stores.block_reads(info, box)]
+
+    assert how(a, ((0, 128), (0, 8))) == ["direct"] * 8  # a block of chunks' whole rows
+    assert how(a, ((0, 128), (0, 4))) == ["staged"] * 8  # half a chunk wide
+    assert how(a, ((0, 128), (0, 1))) == ["staged"] * 8  # the first piece of the first block
+    assert how(a, ((0, 128), (4, 12))) == ["staged"] * 16  # across chunks
+    half = stores.block_reads(b, ((4, 8), (0, 128)))  # half a chunk's rows: one range of its object
+    assert [(r.how, r.offset, r.nbytes) for r in half] == [("direct", 4 * 128 * 4, 4 * 128 * 4)]
+    assert how(sq, ((0, 8), (0, 128))) == ["staged"] * 8  # whole chunk rows, a part of the block's
+    os.unlink(tmp_path / "b.zarr" / "c" / "1" / "0")
+    assert how(b, ((4, 12), (0, 128))) == ["direct", "fill"]
+
+
+def test_a_chunk_cut_short_fails_the_gpu_read_naming_it(tmp_path, monkeypatch):
+    dev, _ = _fake_gpu(monkeypatch)
+    src = ZarrSource(inspect_zarr(_store(tmp_path / "a.zarr", np.ones((32, 16), np.float32), (8, 8)), key="input.a"))
+    chunk = tmp_path / "a.zarr" / "c" / "2" / "0"
+    os.truncate(chunk, 100)
+    with pytest.raises(stores.StoreUnreadable, match=r"input\.a: chunk .*c/2/0 ends 156 bytes short"):
+        src.read_into(dev, np.empty((32, 4), np.float32), (0, 32), (0, 4))
+
+
+def test_reads_started_together_have_all_landed_once_their_block_is_left(monkeypatch, tmp_path):
+    from test_transfer import _stand_in_kvikio_module
+
+    from mgpu.worker import io
+
+    started = _stand_in_kvikio_module(monkeypatch)  # its reads run when waited for
+    data = np.arange(1000, dtype=np.float32)
+    data.tofile(tmp_path / "x.raw")
+    out = [np.zeros(300, np.float32), np.zeros(200, np.float32)]
+    requests = [(str(tmp_path / "x.raw"), 400, out[0]), (str(tmp_path / "x.raw"), 0, out[1])]
+    with pytest.raises(RuntimeError, match="beside the reads"), io.started(requests):
+        assert [s[1:] for s in started] == [(400, 1200), (0, 800)]  # both started before any wait
+        raise RuntimeError("beside the reads")
+    np.testing.assert_array_equal(out[0], data[100:400])  # none still runs into the arrays
+    np.testing.assert_array_equal(out[1], data[:200])
+    os.truncate(tmp_path / "x.raw", 1000)
+    started.clear()
+    with pytest.raises(EOFError, match="x.raw is truncated"), io.started(requests):
+        pass
+    assert started == []  # every range checked before any read starts

@@ -1,6 +1,7 @@
-"""GPU tests of Zarr stores: chunks reach device memory through KvikIO (in place, or staged
-on the device) or decoded on the host; jobs from stores equal the same jobs from .npy;
-each GPU worker's /metrics shows its pool by the GPU's UUID.
+"""GPU tests of Zarr stores: chunks reach device memory through KvikIO (in place) or from
+maps of their chunks through pinned buffers, or decoded on the host; jobs from stores
+equal the same jobs from .npy and allocate nothing more on the device; each GPU worker's
+/metrics shows its pool by the GPU's UUID.
 
 Run on a GPU machine with ``pytest -m gpu tests/test_zarr_gpu.py``.
 """
@@ -42,7 +43,7 @@ def _store(path, arr, chunks, *, compressed=False):
     "chunks,compressed",
     [
         ((128, 517), False),  # as wide as the array: whole-row blocks land in place
-        ((100, 64), False),  # narrower: staged on the device, then copied into place
+        ((100, 64), False),  # narrower: each piece's columns copied from a map of its chunk
         ((256, 256), True),  # zstd: decoded on the host, staged through pinned buffers
     ],
 )
@@ -65,6 +66,7 @@ def test_store_blocks_reach_the_gpu(tmp_path, chunks, compressed):
         with dev.on_stream():
             doubled = rows * 2
         src.read_into(dev, rows, (0, 2982))  # after the product that reads it, not before
+    dev.synchronize()  # the staged pieces' copies are on the thread's stream
     np.testing.assert_array_equal(cupy.asnumpy(doubled), 2 * data[17:2999])
     np.testing.assert_array_equal(cupy.asnumpy(rows), data[:2982])
     np.testing.assert_array_equal(cupy.asnumpy(block), data[5:3000, 3:500])
@@ -84,7 +86,74 @@ def test_chunks_never_written_reach_the_gpu_as_the_fill_value(tmp_path):
     )
     z[64:128] = 1.0
     got = ZarrSource(inspect_zarr(str(tmp_path / "a.zarr"), key="a")).read(dev, (10, 300), (3, 40))
+    dev.synchronize()
     np.testing.assert_array_equal(cupy.asnumpy(got), z[10:300, 3:40])
+
+
+def test_staged_pieces_land_in_blocks_of_a_wider_device_array(tmp_path):
+    # Rows a pitch apart (2-D DMAs), whole rows, a single row and a vector, in chunks of
+    # a few rows each, all at once.
+    from mgpu.worker import transfer
+    from mgpu.worker.device import Device, DeviceFacts
+
+    dev = Device(
+        "cuda", cupy, DeviceFacts("cuda", 0, "gpu", 1, 1, "h"), new_stream=lambda: cupy.cuda.Stream(non_blocking=True)
+    )
+    host = np.random.default_rng(3).standard_normal((300, 700)).astype(np.float32)
+    vector = np.arange(5000, dtype=np.float64)
+    with dev.on_stream():
+        out = cupy.full((300, 900), -1.0, dtype=cupy.float32)
+        flat = cupy.zeros(6000, dtype=cupy.float64)
+    pieces = [
+        (out[:, 0:250], host[:, 100:350]),  # a column block into a column block
+        (out[10:20, 300:900], host[50:60, 100:700]),
+        (out[299:300, 250:300], host[0:1, :50]),  # one row
+        (out[100:200], np.concatenate([host[100:200], host[100:200, :200]], axis=1)),  # whole rows
+        (flat[1000:], vector),
+    ]
+    moved = transfer.Stager(dev, 4096).load_pieces(pieces)
+    dev.synchronize()
+    want = np.full((300, 900), -1.0, np.float32)
+    want[:, 0:250] = host[:, 100:350]
+    want[10:20, 300:900] = host[50:60, 100:700]
+    want[299, 250:300] = host[0, :50]
+    want[100:200] = np.concatenate([host[100:200], host[100:200, :200]], axis=1)
+    np.testing.assert_array_equal(cupy.asnumpy(out), want)
+    np.testing.assert_array_equal(cupy.asnumpy(flat)[1000:], vector)
+    assert moved == dev.bytes_h2d == sum(src.nbytes for _, src in pieces)
+    with pytest.raises(ValueError, match="contiguous rows"):
+        transfer.Stager(dev).load_pieces([(out[:, ::2], host[:, :450])])
+
+
+def test_streamed_matmul_from_stores_of_the_bench_layouts_allocates_what_the_npy_job_does(tmp_path):
+    # Under 200 MB the schedule takes blocks of 1024 columns of A (half a chunk of 2048)
+    # and keeps C: A's pieces and square chunks' B pieces are copied from the chunks'
+    # maps; no device buffer beside the budget's (it would spill to managed memory).
+    m = k = n = 4096
+    a, b, _ = npy_operands(tmp_path, m, k, n, seed=9, dtype=np.float32)
+    layouts = {
+        "npy": ({"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")}, "c.npy"),
+        "zarr": (
+            {"a": _store(tmp_path / "a.zarr", a, (512, 2048)), "b": _store(tmp_path / "b.zarr", b, (2048, n))},
+            "c.zarr",
+        ),
+        "square": (
+            {"a": _store(tmp_path / "sa.zarr", a, (2048, 2048)), "b": _store(tmp_path / "sb.zarr", b, (2048, 2048))},
+            "sc.zarr",
+        ),
+    }
+    results = {}
+    for name, (inputs, out) in layouts.items():
+        params = {"input": inputs, "output": str(tmp_path / out), "operands": "streamed"}
+        results[name] = run_job(validate_job(_job("matmul", params, devices=[0], memory_limit="200MB")))
+        assert results[name].status == "ok" and results[name].verify.passed, name
+    assert results["zarr"].plan["tile_shape"]["k"] == 1024  # blocks half a chunk of A wide
+    npy_c = np.load(tmp_path / "c.npy")
+    scale = np.abs(npy_c).max()
+    for name, out in [("zarr", "c.zarr"), ("square", "sc.zarr")]:
+        got = zarr.open_array(str(tmp_path / out), mode="r")[...]
+        np.testing.assert_allclose(got, npy_c, rtol=1e-5, atol=1e-5 * scale, err_msg=name)
+        assert results[name].spill == results["npy"].spill, name
 
 
 @pytest.mark.parametrize("limit", ["1GB", "80MB"])  # all of C kept; panels of it

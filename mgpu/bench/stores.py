@@ -6,11 +6,12 @@ Zarr stores three ways, and the job runs on each, C written to a store:
 
 ``zarr``
     uncompressed, A in chunks of 4096 rows x 2048 columns and B in chunks of 2048 whole
-    rows: every block the streamed schedule reads is whole chunk rows, read by KvikIO in
-    place.
+    rows: B's blocks are whole chunk rows, read by KvikIO in place; A's (blocks of 2048
+    columns read so too, of 1024 half a chunk wide) copied from maps of the chunks
+    through pinned buffers, as an ``.npy`` file's A is.
 ``zarr-square``
-    uncompressed, 4096 x 4096 chunks: B's blocks are read across chunks, through device
-    buffers.
+    uncompressed, 4096 x 4096 chunks: A's blocks and B's (read across chunks) copied
+    from maps of the chunks through pinned buffers.
 ``zarr-zstd``
     zstd (zarr's default compressor), A and B as in ``zarr``: decoded on the host. The
     rate of decoding both stores alone, on this host, with zarr's threads, is measured

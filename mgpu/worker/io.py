@@ -24,15 +24,27 @@ and 2.02-2.50 s through the map, in the same runs.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .. import config
 
-__all__ = ["read", "read_in_order", "read_method", "task_size", "threads", "warm_up", "write", "write_method"]
+__all__ = [
+    "Started",
+    "read",
+    "read_in_order",
+    "read_method",
+    "started",
+    "task_size",
+    "threads",
+    "warm_up",
+    "write",
+    "write_method",
+]
 
 
 def threads() -> int:
@@ -159,6 +171,84 @@ def read_in_order(requests: list[tuple[str, int, Any]]) -> Iterator[float]:
             future.get()
         for f in files.values():
             f.close()
+
+
+class Started:
+    """KvikIO reads started together by :func:`started`; :meth:`wait` for them to land."""
+
+    def __init__(self, requests: Sequence[tuple[str, int, Any]]) -> None:
+        self.requests = list(requests)
+        self._futures: list[Any] = []
+        self._files: dict[str, Any] = {}
+        self._waited = 0  # futures whose get() was called (a second call is an error in KvikIO)
+        self._seconds = 0.0
+        self._start = time.perf_counter()
+
+    def start(self) -> None:
+        for path, offset, out in self.requests:
+            size = os.stat(path).st_size
+            if offset + out.nbytes > size:
+                raise EOFError(f"{path} is truncated: it ends at byte {size}, short of the data its header describes")
+        if not self.requests:
+            return
+        kvikio = _kvikio()
+        self._files = {path: kvikio.CuFile(path, "r") for path in {r[0] for r in self.requests}}
+        self._start = time.perf_counter()
+        for path, offset, out in self.requests:
+            self._futures.append(self._files[path].pread(out, out.nbytes, offset))
+
+    def wait(self) -> float:
+        """Wait for every read; returns the seconds from their start until the last landed.
+
+        Raises
+        ------
+        EOFError
+            If a read got fewer bytes than its range (the file was cut short meanwhile).
+        """
+        short = None
+        while self._waited < len(self._futures):
+            got = self._futures[self._waited].get()
+            path, offset, out = self.requests[self._waited]
+            self._waited += 1
+            if got != out.nbytes and short is None:
+                short = f"{path}: read {got} of {out.nbytes} bytes from byte {offset}"
+        if self._futures and not self._seconds:
+            self._seconds = time.perf_counter() - self._start
+        if short is not None:
+            raise EOFError(short)
+        return self._seconds
+
+    def close(self) -> None:
+        """Wait for any read still running (none may write into the caller's arrays
+        after this) and close the files."""
+        try:
+            while self._waited < len(self._futures):
+                self._waited += 1
+                self._futures[self._waited - 1].get()
+        finally:
+            for f in self._files.values():
+                f.close()
+            self._files = {}
+
+
+@contextlib.contextmanager
+def started(requests: Sequence[tuple[str, int, Any]]) -> Iterator[Started]:
+    """Start every read ``(path, offset, out)`` at once (:func:`read`'s rules apply to
+    each) and hand them over while they run: the caller does other work, then calls
+    ``wait()``. Leaving the block waits for any read not waited for, so no read still
+    writes into ``out`` once it is left, even on an error.
+
+    Raises
+    ------
+    EOFError
+        If a file ends before its range does (before any read starts).
+    """
+    reads = Started(requests)
+    try:
+        reads.start()
+        yield reads
+    finally:
+        reads.close()
 
 
 def warm_up(path: str, offset: int, nbytes: int) -> None:

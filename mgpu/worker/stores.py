@@ -3,13 +3,15 @@
 A Zarr array is a folder of chunks, one object each, and metadata (``zarr.json``, or
 ``.zarray`` for Zarr 2). Where a chunk is stored uncompressed (its only codec the bytes
 codec, in this machine's byte order, no sharding) its object is the chunk's C-ordered
-bytes, and mgpu reads and writes it as it does an ``.npy`` file: a GPU worker reads the
-rows of a chunk that a block needs straight into device memory with KvikIO (a chunk as
-wide as the block lands in place; any other through a device buffer and one copy on the
-device), and a CPU worker copies them out of the file. A compressed chunk is decoded on
-the host by zarr (its codecs run on zarr's own threads) and reaches a GPU through the
-pinned stager (:mod:`mgpu.worker.transfer`): zarr's GPU buffers would copy the bytes the same
-way, after decoding them on the host.
+bytes, and mgpu reads and writes it as it does an ``.npy`` file: on a GPU worker, the
+rows of a chunk that are whole rows of a block (the chunk as wide as the block) are read
+by KvikIO straight into place, and any other piece is copied from a memory map of its
+chunk rows, its own columns only, through the pinned stager (as a column block of an
+``.npy`` is), all of a block's pieces at once (:func:`block_reads`); a CPU worker copies
+them out of the file. A compressed chunk is decoded on the host by zarr (its codecs run
+on zarr's own threads) and reaches a GPU through the pinned stager
+(:mod:`mgpu.worker.transfer`): zarr's GPU buffers would copy the bytes the same way, after
+decoding them on the host.
 
 An output is made by the client under a temporary name before any task: its metadata
 (uncompressed chunks of whole rows) and every chunk's object at full size, so the
@@ -31,7 +33,7 @@ import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -43,10 +45,12 @@ from .sources import NpySink, check_output_path, reserve
 
 __all__ = [
     "OUTPUT_CHUNK_BYTES",
+    "ChunkRead",
     "StoreUnreadable",
     "ZarrInfo",
     "ZarrSink",
     "ZarrSource",
+    "block_reads",
     "chunk_pieces",
     "on_chunks",
     "ranges_on",
@@ -60,8 +64,6 @@ FLOAT_DTYPES = ("float16", "float32", "float64")
 # Rows per chunk of an output: about this many bytes each (a tile's write spans few objects,
 # and a reader such as dask.array.from_zarr gets chunks of the size it likes).
 OUTPUT_CHUNK_BYTES = 64 << 20
-# Device bytes a GPU read of chunks narrower than its block stages at once.
-_STAGING_BYTES = 256 << 20
 
 
 class StoreUnreadable(RuntimeError):
@@ -230,6 +232,54 @@ def chunk_pieces(chunks: tuple[int, ...], box: tuple[tuple[int, int], ...]) -> l
     ]
 
 
+@dataclass(frozen=True)
+class ChunkRead:
+    """How one piece of a block comes from its chunk's object (see :func:`block_reads`).
+
+    ``how``: ``"direct"``, the piece's chunk rows are one range of the object and rows of
+    the block, read into place; ``"staged"``, its elements are copied out of a map of its
+    chunk rows; ``"fill"``, the chunk has no object (never written: the fill value).
+    ``offset`` and ``nbytes``: the piece's chunk rows (every column) in the object.
+    """
+
+    piece: Piece
+    path: str
+    how: Literal["direct", "staged", "fill"]
+    offset: int
+    nbytes: int
+
+
+def block_reads(info: ZarrInfo, box: tuple[tuple[int, int], ...]) -> list[ChunkRead]:
+    """How each piece of the block ``box`` of an uncompressed store is read, in C order
+    of the chunks (see :class:`ChunkRead`).
+
+    A piece is direct where its chunk rows take every column of the chunk (so they are
+    one range of its object) and every column of the block (so they are rows of it, one
+    range of the block's memory): KvikIO reads them into place. Any other is staged:
+    only its own elements are copied, where a read of whole chunk rows would move the
+    columns beside them too (half a chunk's bytes for nothing, for a block half a
+    chunk wide) and need a device buffer outside the budget to copy them from.
+    """
+    itemsize = np.dtype(info.dtype).itemsize
+    widths = [hi - lo for lo, hi in box]
+    out = []
+    how: Literal["direct", "staged", "fill"]
+    for piece in chunk_pieces(info.chunks, box):
+        path = info.chunk_path(piece.coords)
+        offset, nbytes = _rows_range(info.chunks, itemsize, piece.inner)
+        if not os.path.exists(path):
+            how = "fill"
+        elif all(
+            piece.inner[i] == (0, info.chunks[i]) and piece.outer[i] == (0, widths[i])
+            for i in range(1, len(info.chunks))
+        ):
+            how = "direct"
+        else:
+            how = "staged"
+        out.append(ChunkRead(piece, path, how, offset, nbytes))
+    return out
+
+
 def on_chunks(size: int, *chunks: int | None) -> int:
     """``size`` cut down to a multiple of the chunks given (their least common multiple, or
     else the largest chunk it holds), so tiles of it read whole chunks; ``size`` itself
@@ -352,63 +402,50 @@ class ZarrSource:
             else:
                 out[where] = rows[(slice(None),) + _slices(piece.inner[1:])]
 
-    def _read_raw_gpu(self, dev: Device, out: Any, box: tuple[tuple[int, int], ...]) -> None:
-        """KvikIO reads of each piece's chunk rows: into ``out`` itself where those rows
-        are rows of ``out`` (the chunk as wide as the block), else into a device buffer
-        and from there, on the device, into place. Reads start together, a batch of at
-        most ``_STAGING_BYTES`` staged at a time."""
+    def _mapped(self, read: ChunkRead) -> np.ndarray:
+        """The piece's elements in a memory map of its chunk rows (nothing read yet)."""
         info = self.info
-        xp = dev.xp
-        itemsize = np.dtype(info.dtype).itemsize
-        missing: list[Piece] = []
-        batches: list[list[tuple[Piece, str, int, Any, bool]]] = [[]]
-        staged = 0
-        dev.synchronize()  # KvikIO copies on streams of its own: nothing may still use out
-        for piece in chunk_pieces(info.chunks, box):
-            path = info.chunk_path(piece.coords)
-            if not os.path.exists(path):
-                missing.append(piece)
-                continue
-            offset, nbytes = _rows_range(info.chunks, itemsize, piece.inner)
-            rows = piece.inner[0][1] - piece.inner[0][0]
-            # Its chunk rows are whole rows of out: read into place.
-            direct = all(
-                piece.inner[i] == (0, info.chunks[i]) and piece.outer[i] == (0, out.shape[i])
-                for i in range(1, len(info.chunks))
+        try:
+            size = os.stat(read.path).st_size
+        except OSError as e:
+            raise StoreUnreadable(f"{info.key}: chunk {read.path} could not be read ({e.strerror})") from None
+        if size < read.offset + read.nbytes:
+            raise StoreUnreadable(
+                f"{info.key}: chunk {read.path} ends {read.offset + read.nbytes - size:,} bytes short"
             )
-            if direct:
-                target = out[piece.outer[0][0] : piece.outer[0][1]]
-            else:
-                if staged + nbytes > _STAGING_BYTES and batches[-1]:
-                    batches.append([])
-                    staged = 0
-                staged += nbytes
-                target = None
-            batches[-1].append((piece, path, offset, target, direct))
-        for batch in filter(None, batches):  # none: every chunk the block meets is unwritten
-            requests = []
+        rows = read.piece.inner[0][1] - read.piece.inner[0][0]
+        mm = np.memmap(read.path, dtype=info.dtype, mode="r", offset=read.offset, shape=(rows, *info.chunks[1:]))
+        return mm[(slice(None),) + _slices(read.piece.inner[1:])]
+
+    def _read_raw_gpu(self, dev: Device, out: Any, box: tuple[tuple[int, int], ...]) -> None:
+        """The block's pieces by :func:`block_reads`, all at once: KvikIO reads the direct
+        ones into place while the host threads copy the staged ones from maps of their
+        chunks (only the piece's own columns) through pinned buffers, on this thread's
+        stream. No device buffer is made (a block's reads stay inside the budget) and
+        nothing waits for the stream: work enqueued on it afterwards sees the block."""
+        info = self.info
+        reads = block_reads(info, box)
+        direct = [r for r in reads if r.how == "direct"]
+        staged = [r for r in reads if r.how == "staged"]
+        if direct:
+            dev.synchronize()  # KvikIO copies on streams of its own: nothing may still use out
+        requests = [(r.path, r.offset, out[r.piece.outer[0][0] : r.piece.outer[0][1]]) for r in direct]
+        try:
+            with io.started(requests) as landing:
+                if staged:
+                    transfer.load_pieces(
+                        dev, [(out[_slices(r.piece.outer)], self._mapped(r)) for r in staged], spread=True
+                    )
+                seconds = landing.wait()
+        except (EOFError, FileNotFoundError) as e:
+            raise StoreUnreadable(f"{info.key}: {e}") from None
+        if direct:
+            dev.count_read("h2d", sum(r.nbytes for r in direct), seconds)
+        fills = [r for r in reads if r.how == "fill"]
+        if fills:
             with dev.on_stream():
-                for piece, path, offset, target, direct in batch:
-                    if target is None:
-                        rows = piece.inner[0][1] - piece.inner[0][0]
-                        target = xp.empty((rows, *info.chunks[1:]), info.dtype)
-                    requests.append((path, offset, target, piece, direct))
-            dev.synchronize()
-            try:
-                # Seconds since the first read started, as each lands: the last is the batch's.
-                seconds = max(io.read_in_order([(path, offset, target) for path, offset, target, _, _ in requests]))
-            except EOFError as e:
-                raise StoreUnreadable(f"{info.key}: {e}") from None
-            dev.count_read("h2d", sum(r[2].nbytes for r in requests), seconds)
-            with dev.on_stream():
-                for _path, _offset, target, piece, direct in requests:
-                    if not direct:
-                        out[_slices(piece.outer)] = target[(slice(None),) + _slices(piece.inner[1:])]
-            dev.synchronize()  # the buffers are let go next
-        if missing:
-            with dev.on_stream():
-                for piece in missing:
-                    out[_slices(piece.outer)] = info.fill_value
+                for r in fills:
+                    out[_slices(r.piece.outer)] = info.fill_value
 
 
 def output_chunks(shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import config
 
-__all__ = ["HostStaging", "Stager", "chunk_size", "load", "pwrite_all", "store", "writer_threads"]
+__all__ = ["HostStaging", "Stager", "chunk_size", "load", "load_pieces", "pwrite_all", "store", "writer_threads"]
 
 BUFFERS = 2  # per host thread: one being filled while the other's DMA runs
 _PARALLEL_BYTES = 4 << 20  # below this a chunk is copied by the task's own thread
@@ -279,6 +279,54 @@ class Stager:
 
         return self._each_chunk("h2d", src, dst, stream, move)
 
+    def load_pieces(self, pieces: Sequence[tuple[Any, np.ndarray]], stream: Any = None) -> int:
+        """Copy each host ``src`` (any strides) into its device ``dst`` (same shape, each
+        row contiguous, rows any distance apart: a block of a wider array), every chunk
+        of every piece on the host threads at once (no wait between pieces).
+
+        A ``dst`` whose rows are not one range goes by 2-D DMAs (``cudaMemcpy2DAsync``,
+        the rows of a chunk set at their pitch). The DMAs go on ``stream`` (the thread's
+        own by default) and are not waited for, as :meth:`load`'s. Returns the bytes copied.
+        """
+        import cupy
+
+        stream = stream or self.dev.stream
+        jobs: list[tuple[Any, np.ndarray, tuple[int, int], int, int]] = []
+        widest = 0
+        for dst, src in pieces:
+            dev2, host2 = _rows(dst), _rows(src)
+            itemsize = np.dtype(dst.dtype).itemsize
+            if dev2.shape != host2.shape or (dev2.shape[1] > 1 and dev2.strides[1] != itemsize):
+                raise ValueError(
+                    f"load: a device array of shape {src.shape} with contiguous rows is needed, "
+                    f"got shape {dst.shape}, strides {dst.strides}"
+                )
+            row_bytes = dev2.shape[1] * itemsize
+            pitch = dev2.strides[0] if dev2.shape[0] > 1 else row_bytes
+            widest = max(widest, row_bytes)
+            jobs += [
+                (dev2, host2, rows, row_bytes, pitch) for rows in chunk_rows(dev2.shape, itemsize, self.chunk_bytes)
+            ]
+        nbytes = max(self.chunk_bytes, widest)  # a row longer than a chunk gets its own
+        device = cupy.cuda.runtime.getDevice()
+
+        def one(job: tuple[Any, np.ndarray, tuple[int, int], int, int]) -> tuple[int, Any, Any]:
+            dev2, host2, (r0, r1), row_bytes, pitch = job
+            buffers = self.dev.staging.buffers(nbytes)
+            i, buf = buffers.take((r1 - r0, dev2.shape[1]), np.dtype(dev2.dtype))
+            np.copyto(buf, host2[r0:r1])
+            with cupy.cuda.Device(device):
+                begin, end = _dma_rows(dev2.data.ptr + r0 * pitch, pitch, buf, row_bytes, stream)
+            buffers.release(i, end)
+            return buf.nbytes, begin, end
+
+        pool = self.dev.staging.pool_for("h2d")
+        chunks = [pool.submit(one, job) for job in jobs]
+        wait(chunks)  # every chunk ends before an error is raised (none may still use the arrays)
+        for chunk in chunks:
+            self.dev.count_copy("h2d", *chunk.result())
+        return sum(dst.nbytes for dst, _ in pieces)
+
     def store(self, dst: np.ndarray, src: Any, stream: Any = None) -> int:
         """Copy device ``src`` (C-contiguous) into host ``dst`` (any strides, same shape).
 
@@ -407,6 +455,21 @@ def _dma(kind: str, dst: int, src: int, nbytes: int, stream: Any) -> tuple[Any, 
     return begin, end
 
 
+def _dma_rows(dst: int, pitch: int, buf: np.ndarray, row_bytes: int, stream: Any) -> tuple[Any, Any]:
+    """Enqueue the copy of the pinned ``buf``'s rows (``row_bytes`` each) to device
+    address ``dst``, a row every ``pitch`` bytes, between events that time it."""
+    if pitch == row_bytes:
+        return _dma("h2d", dst, buf.ctypes.data, buf.nbytes, stream)
+    import cupy
+
+    rt = cupy.cuda.runtime
+    begin, end = cupy.cuda.Event(), cupy.cuda.Event()
+    begin.record(stream)
+    rt.memcpy2DAsync(dst, pitch, buf.ctypes.data, row_bytes, row_bytes, buf.shape[0], rt.memcpyHostToDevice, stream.ptr)
+    end.record(stream)
+    return begin, end
+
+
 def load(dev: Any, src: np.ndarray, out: Any = None, *, spread: bool = False) -> Any:
     """``src`` (host, any strides) on ``dev``: into ``out`` if given, else a new array.
 
@@ -427,6 +490,22 @@ def load(dev: Any, src: np.ndarray, out: Any = None, *, spread: bool = False) ->
         chunk = max(1 << 20, min(chunk, src.nbytes // dev.staging.threads))
     Stager(dev, chunk).load(out, src)
     return out
+
+
+def load_pieces(dev: Any, pieces: Sequence[tuple[Any, np.ndarray]], *, spread: bool = False) -> int:
+    """Each host ``src`` (any strides: a block of a memory map) into its ``dst`` on ``dev``
+    (rows contiguous, any pitch: see :meth:`Stager.load_pieces`), all at once; returns
+    the bytes copied. ``spread`` as for :func:`load`, over the pieces' bytes together.
+    Work enqueued after this returns on the thread's stream sees the data."""
+    if not dev.is_gpu:
+        for dst, src in pieces:
+            np.copyto(dst, src)
+        return sum(dst.nbytes for dst, _ in pieces)
+    chunk = chunk_size()
+    if spread:
+        total = sum(src.nbytes for _, src in pieces)
+        chunk = max(1 << 20, min(chunk, total // dev.staging.threads))
+    return Stager(dev, chunk).load_pieces(pieces)
 
 
 def store(dev: Any, dst: np.ndarray, src: Any) -> None:
