@@ -78,3 +78,40 @@ def test_the_threads_of_one_process_share_its_turn_and_the_last_one_out_drains()
     turns.close()
     assert events.index("second in") < events.index("first out")  # both inside at once
     assert events.count("drained") == 1 and events[-1] == "drained"  # once, when both were out
+
+
+def test_a_tile_holds_its_turn_from_its_first_work_on_the_device_until_that_work_has_run():
+    # What the host does after (the deferred verdict, the record) runs outside the turn,
+    # while another worker has its.
+    import contextlib
+
+    import numpy as np
+
+    from mgpu.spec import validate_job
+    from mgpu.tiling import Tile
+    from mgpu.worker.device import Device, DeviceFacts
+    from mgpu.worker.tile import run_tile
+    from mgpu.workloads import get_workload_class
+
+    events: list[str] = []
+    cls = get_workload_class("mandelbrot")
+
+    class Logged(cls):  # type: ignore[misc, valid-type]
+        def run(self, ctx: Any, tile: Tile) -> Any:
+            events.append("run")
+            return super().run(ctx, tile)
+
+        def check(self, ctx: Any, tile: Tile, answer: Any) -> Any:
+            events.append("check")
+            return lambda: (events.append("verdict"), (0.0, True))[1]
+
+    @contextlib.contextmanager
+    def turn() -> Any:
+        events.append("turn")
+        yield
+        events.append("turn ends")
+
+    params = validate_job({"workload": "mandelbrot", "params": dict(cls.example)}).params
+    dev = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h"))
+    record = run_tile(Logged(params, verify=True), dev, Tile(1, {"rows": (4, 12)}), turn=turn)
+    assert events == ["turn", "run", "check", "turn ends", "verdict"] and record.verify_ok is True

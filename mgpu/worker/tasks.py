@@ -78,17 +78,17 @@ def run_tile(
     """Compute ``tile`` on this worker's device and return its record (``stepped``: the
     tile's last step, for a stepped plan)."""
     rt = current()
-    with rt.turns.turn():
-        return _tile.run_tile(
-            workload,
-            rt.device,
-            tile,
-            panels,
-            token=token,
-            stepped=stepped,
-            steps=rt.steps,
-            panel_store=rt.panels,
-        )
+    return _tile.run_tile(
+        workload,
+        rt.device,
+        tile,
+        panels,
+        token=token,
+        stepped=stepped,
+        steps=rt.steps,
+        panel_store=rt.panels,
+        turn=rt.turns.turn,
+    )
 
 
 def step_tile(

@@ -342,6 +342,7 @@ def run_tile(
     stepped: Sent | None = None,
     steps: StepStore | None = None,
     panel_store: PanelStore | None = None,
+    turn: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
 ) -> TileRecord:
     """Run ``tile`` of ``workload`` on ``dev`` and return its record.
 
@@ -352,7 +353,10 @@ def run_tile(
     clock at the steps ("checked", "written").
     ``stepped`` is the last step of a stepped tile (see :func:`step_tile`), whose context,
     kept in ``steps`` since its first step, the tile ends with. ``panel_store`` holds the
-    worker's panels (its runtime's), where the tile finds ``panels``.
+    worker's panels (its runtime's), where the tile finds ``panels``. ``turn`` holds the
+    device from the tile's first work on it until that work has run (a turn at a GPU that
+    other workers share, see :mod:`mgpu.worker.turns`): what the host does before and
+    after runs while another worker has its turn.
     """
     if stepped is None:
         fill = _counter(dev)
@@ -370,19 +374,20 @@ def run_tile(
         ctx = kept
         fill = _counter(dev, add=True)
     with dev.on_stream():
-        if stepped is not None and stepped.ready is not None:
-            dev.stream.wait_event(stepped.ready)
-        answer = workload.run(ctx, tile)
-        verdict: Verdict | None = None
-        if workload.verify:
-            with ctx.check_timer():
-                verdict = workload.check(ctx, tile, answer)
-            if verdict is not None and not callable(verdict):  # None: judged on the client
-                ctx.record.verify_error, ctx.record.verify_ok = verdict
-                ctx.mark("checked")
-        if workload.store(ctx, tile, answer):
-            ctx.mark("written")
-        dev.synchronize()
+        with turn():
+            if stepped is not None and stepped.ready is not None:
+                dev.stream.wait_event(stepped.ready)
+            answer = workload.run(ctx, tile)
+            verdict: Verdict | None = None
+            if workload.verify:
+                with ctx.check_timer():
+                    verdict = workload.check(ctx, tile, answer)
+                if verdict is not None and not callable(verdict):  # None: judged on the client
+                    ctx.record.verify_error, ctx.record.verify_ok = verdict
+                    ctx.mark("checked")
+            if workload.store(ctx, tile, answer):
+                ctx.mark("written")
+            dev.synchronize()
         if callable(verdict):  # its device work ran behind the tile's, waited for with it
             ctx.record.verify_error, ctx.record.verify_ok = verdict()
             ctx.mark("checked")
