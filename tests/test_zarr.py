@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import sys
 from types import SimpleNamespace
 
@@ -345,6 +346,9 @@ def test_a_block_narrower_than_its_chunks_moves_its_own_bytes_only(tmp_path, mon
         np.testing.assert_array_equal(got, data[:, cols[0] : cols[1]])
     assert seen["direct"] == []
     assert sum(seen["staged"]) == 64 * (10 + 10 + 5 + 15) * 4
+    assert len(src._maps) == 8  # each chunk mapped once, for every block that meets it
+    again = pickle.loads(pickle.dumps(src))  # a source travels without its maps
+    assert again == src and again._maps == {}
     # A block exactly one column of chunks wide is whole chunk rows: in place, no staging.
     got = np.empty((40, 20), np.float32)
     src.read_into(dev, got, (8, 48), (20, 40))
