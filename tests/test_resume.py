@@ -197,7 +197,10 @@ def test_a_stencil_on_gpu_workers_that_loses_one_resumes_with_the_same_bits(tmp_
         assert code == 0, stdout + stderr + cluster.logs()
         data = json.loads((tmp_path / "out.json").read_text())
         assert data["status"] == "ok" and data["backend"] == "cuda"
-        assert data["recovery"]["lost_workers"] == [victim] and data["recovery"]["recomputed_tiles"] == [2, 3]
+        # Both workers report GPU 0: which one holds bands 0-1 is the order of their addresses.
+        lost = data["recovery"]["recomputed_tiles"]
+        assert data["recovery"]["lost_workers"] == [victim] and lost in ([0, 1], [2, 3])
+        assert f"lost worker {victim}; recomputing its tile(s) {lost}" in stdout
         (resumed,) = data["recovery"]["resumed_from_steps"]
         assert resumed in ((4, 8) if every else (0,)), resumed
         # The CUDA kernel does NumPy's arithmetic: the bits of the fault-free sweep.
