@@ -1,4 +1,5 @@
-"""The two ways a job ends badly, and the exit code each maps to."""
+"""The ways a job ends badly, and the exit code each maps to (a store found unreadable only as a
+task reads it ends as a bad input)."""
 
 from __future__ import annotations
 
@@ -16,3 +17,8 @@ class JobFailed(RuntimeError):
     """The job ran and failed, a failed verification included (exit 1)."""
 
     exit_code = 1
+
+
+class StoreUnreadable(RuntimeError):
+    """A chunk of an input store could not be read or decoded, found only as a task read
+    it; the message names the key (the client reports it as a bad input, exit 2)."""

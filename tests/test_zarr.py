@@ -7,6 +7,7 @@ import contextlib
 import os
 import pickle
 import sys
+from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
@@ -408,3 +409,56 @@ def test_reads_started_together_have_all_landed_once_their_block_is_left(monkeyp
     with pytest.raises(EOFError, match="x.raw is truncated"), io.started(requests):
         pass
     assert started == []  # every range checked before any read starts
+
+
+def _count_decodes(monkeypatch):
+    from mgpu.worker import decoded
+
+    counts = Counter()
+    real = decoded.DecodedChunks._decode
+
+    def counting(self, coords):
+        counts[coords] += 1
+        return real(self, coords)
+
+    monkeypatch.setattr(decoded.DecodedChunks, "_decode", counting)
+    return counts
+
+
+def test_each_chunk_of_a_compressed_store_is_decoded_once_for_the_blocks_that_meet_it(tmp_path, monkeypatch):
+    # Blocks half a chunk wide, as the streamed matmul reads A: each chunk decoded once.
+    counts = _count_decodes(monkeypatch)
+    data = np.random.default_rng(6).standard_normal((64, 40)).astype(np.float32)
+    src = ZarrSource(inspect_zarr(_store(tmp_path / "a.zarr", data, (16, 20), compressed=True), key="a"))
+    dev = _cpu_device()
+    src.ahead(dev, [((0, 64), (0, 10)), ((0, 64), (10, 20))])  # named ahead: decoding already
+    assert src._decoded[0].kept == [(i, 0) for i in range(4)]
+    for rows, cols in [((0, 64), (0, 10)), ((0, 64), (10, 20)), ((8, 40), (0, 5)), ((0, 64), (20, 40))]:
+        np.testing.assert_array_equal(src.read(dev, rows, cols), data[rows[0] : rows[1], cols[0] : cols[1]])
+    assert sorted(counts) == [(i, j) for i in range(4) for j in range(2)]
+    assert set(counts.values()) == {1}
+    raw = ZarrSource(inspect_zarr(_store(tmp_path / "b.zarr", data, (16, 20)), key="b"))
+    raw.ahead(dev, [((0, 64), (0, 10))])  # uncompressed chunks: nothing to decode
+    assert raw._decoded == []
+
+
+def test_chunks_named_ahead_decode_within_half_the_room_and_the_least_recently_used_go_first(tmp_path, monkeypatch):
+    from mgpu.worker.decoded import DecodedChunks
+
+    counts = _count_decodes(monkeypatch)
+    data = np.arange(12 * 4, dtype=np.float64).reshape(12, 4)
+    info = inspect_zarr(_store(tmp_path / "a.zarr", data, (2, 4), compressed=True), key="a")
+    chunks = DecodedChunks(info, _cpu_device().staging.pool_for("decode"), keep=4 * info.chunk_nbytes)
+    c = [(i, 0) for i in range(6)]
+    chunks.ahead(c)  # room for two ahead
+    assert chunks.kept == c[:2]
+    np.testing.assert_array_equal(chunks.get([c[0]])[0], data[0:2])
+    chunks.ahead(c[1:])  # the one kept counts, and stays
+    assert chunks.kept == [c[0], c[1], c[2]]
+    got = chunks.get([c[3], c[4]])  # five chunks' room for four: the least recently used goes
+    np.testing.assert_array_equal(np.concatenate(got), data[6:10])
+    assert chunks.kept == [c[1], c[2], c[3], c[4]]
+    chunks.get([c[0]])  # gone: decoded again
+    assert chunks.kept == [c[2], c[3], c[4], c[0]]
+    chunks.get(c[2:5])  # kept: not decoded again
+    assert counts[c[0]] == 2 and [counts[k] for k in c[2:5]] == [1, 1, 1] and c[5] not in counts

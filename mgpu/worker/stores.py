@@ -8,8 +8,9 @@ rows of a chunk that are whole rows of a block (the chunk as wide as the block) 
 by KvikIO straight into place, and any other piece is copied from a memory map of its
 chunk rows, its own columns only, through the pinned stager (as a column block of an
 ``.npy`` is), all of a block's pieces at once (:func:`block_reads`); a CPU worker copies
-them out of the file. A compressed chunk is decoded on the host by zarr (its codecs run
-on zarr's own threads) and reaches a GPU through the pinned stager
+them out of the file. A compressed chunk is decoded on the host by zarr, once for every
+block that meets it and ahead of the blocks the streamed matmul reads next
+(:mod:`mgpu.worker.decoded`), and its pieces reach a GPU through the pinned stager
 (:mod:`mgpu.worker.transfer`): zarr's GPU buffers would copy the bytes the same way, after
 decoding them on the host.
 
@@ -31,15 +32,17 @@ import os
 import shutil
 import sys
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import JobInputError
+from ..errors import JobInputError, StoreUnreadable
 from ..tiling import split_by_size
 from . import io, transfer
+from .decoded import DecodedChunks
 from .device import Device
 from .sources import NpySink, check_output_path, reserve
 
@@ -64,10 +67,6 @@ FLOAT_DTYPES = ("float16", "float32", "float64")
 # Rows per chunk of an output: about this many bytes each (a tile's write spans few objects,
 # and a reader such as dask.array.from_zarr gets chunks of the size it likes).
 OUTPUT_CHUNK_BYTES = 64 << 20
-
-
-class StoreUnreadable(RuntimeError):
-    """A chunk of an input store could not be read or decoded; the message names the key."""
 
 
 def require_zarr(key: str) -> Any:
@@ -322,14 +321,16 @@ class ZarrSource:
     """An operand in a Zarr store; each task reads its block from the chunks it meets.
 
     A source is made for each task (``sources()``), and keeps the maps of the chunks its
-    staged reads copied from for its life (see :meth:`_mapped`).
+    staged reads copied from (see :meth:`_mapped`) and a compressed store's decoded
+    chunks (:meth:`ahead`) for its life.
     """
 
     info: ZarrInfo
     _maps: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _decoded: list[DecodedChunks] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.info,)  # without its maps
+        return type(self), (self.info,)  # without its maps and decoded chunks
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -366,22 +367,39 @@ class ZarrSource:
         """
         box = _box(self.info.shape, rows, cols)
         if not self.info.raw:
-            transfer.load(dev, self._decoded(box), out)
+            self._read_decoded(dev, out, box)
         elif dev.is_gpu:
             self._read_raw_gpu(dev, out, box)
         else:
             self._read_raw_host(out, box)
 
-    def _decoded(self, box: tuple[tuple[int, int], ...]) -> np.ndarray:
-        try:
-            import zarr
+    def _decoder(self, dev: Device) -> DecodedChunks:
+        """The store's decoded chunks (decoded on ``dev``'s host threads), kept for the life
+        of the source (a task's)."""
+        if not self._decoded:
+            self._decoded.append(DecodedChunks(self.info, dev.staging.pool_for("decode")))
+        return self._decoded[0]
 
-            # Opened for each block: its metadata is one small read, beside the chunks'.
-            return np.asarray(zarr.open_array(self.info.path, mode="r")[_slices(box)])
-        except Exception as e:
-            raise StoreUnreadable(
-                f"{self.info.key}: {self.info.path}: could not read elements {list(box)} ({type(e).__name__}: {e})"
-            ) from None
+    def ahead(self, dev: Device, blocks: Sequence[tuple[tuple[int, int], tuple[int, int] | None]]) -> None:
+        """Start decoding the chunks of the blocks ``(rows, cols)`` to be read next on
+        ``dev``, in order, while other work runs (see :mod:`mgpu.worker.decoded`);
+        nothing to do for uncompressed chunks."""
+        if self.info.raw:
+            return
+        shape = self.info.shape
+        coords = [p.coords for rows, cols in blocks for p in chunk_pieces(self.info.chunks, _box(shape, rows, cols))]
+        self._decoder(dev).ahead(coords)
+
+    def _read_decoded(self, dev: Device, out: Any, box: tuple[tuple[int, int], ...]) -> None:
+        """Each piece of the block from its chunk decoded on the host, all at once through
+        the pinned stager (on a CPU, copied)."""
+        pieces = chunk_pieces(self.info.chunks, box)
+        chunks = self._decoder(dev).get([p.coords for p in pieces])
+        transfer.load_pieces(
+            dev,
+            [(out[_slices(p.outer)], chunk[_slices(p.inner)]) for p, chunk in zip(pieces, chunks, strict=True)],
+            spread=True,
+        )
 
     def _chunk_rows(self, piece: Piece) -> np.ndarray | None:
         """A piece's chunk rows (every column) from the chunk's object; None if it has none."""

@@ -173,10 +173,11 @@ class HostStaging:
         return self.threads
 
     def pool_for(self, kind: str) -> ThreadPoolExecutor:
-        """The host threads of copies of one direction, ``"h2d"`` or ``"d2h"`` (started on first use)."""
+        """The host threads of copies of one direction, ``"h2d"`` or ``"d2h"``, or of
+        ``"decode"`` (a compressed store's chunks, :mod:`mgpu.worker.decoded`), started on first use."""
         with self._lock:
             if kind not in self._pools:
-                name = "mgpu-host-store" if kind == "d2h" else "mgpu-host-copy"
+                name = {"d2h": "mgpu-host-store", "decode": "mgpu-decode"}.get(kind, "mgpu-host-copy")
                 self._pools[kind] = ThreadPoolExecutor(self.threads_for(kind), thread_name_prefix=name)
             return self._pools[kind]
 

@@ -44,6 +44,7 @@ from ...worker import transfer
 from ...worker.device import Device, DeviceFacts
 from ...worker.kernels import matvec_f64
 from ...worker.sources import NpySource
+from ...worker.stores import ZarrSource
 from ...worker.tile import TileContext
 from ..checks import freivalds_vector
 from .workload import Matmul, _Product, _Streamed, _tf32
@@ -72,6 +73,9 @@ MIN_BAND_ROWS = 256
 # float32), not a whole block (256 MiB in blocks of 1024 rows, 512 in blocks of 2048).
 FIRST_ROWS = 256
 WRITERS = 2  # pieces of C written at once: the next one starts while the last one's chunks drain
+# Steps whose blocks of a compressed store are named ahead, so their chunks decode on the
+# host while the steps before multiply (:mod:`mgpu.worker.decoded` keeps what they need).
+LOOKAHEAD = 16
 _WARMUP_C_BYTES = 1 << 30
 
 
@@ -413,6 +417,14 @@ def run(workload: Any, ctx: Any, tile: Tile) -> dict[str, Any]:
         moved["h2d_s"] += time.perf_counter() - start
         b_last[st.b_slot] = t
 
+    def ahead(t: int) -> None:
+        """Name the blocks of compressed stores that steps t, t+1, ... read (nothing for others)."""
+        upcoming = plan_steps[t : t + LOOKAHEAD]
+        if isinstance(src_a, ZarrSource):
+            src_a.ahead(dev, [((r0 + st.rows[0], r0 + st.rows[1]), st.block) for st in upcoming])
+        if isinstance(src_b, ZarrSource):
+            src_b.ahead(dev, [(st.block, (0, n)) for st in upcoming if st.load_b])
+
     def write(rws: tuple[int, int], base: int) -> None:  # on the writer threads
         sink.write((slice(r0 + rws[0], r0 + rws[1]), slice(0, n)), c[rws[0] - base : rws[1] - base], dev)
         with counting:
@@ -421,6 +433,7 @@ def run(workload: Any, ctx: Any, tile: Tile) -> dict[str, Any]:
     def loader() -> None:
         try:
             for t in range(len(plan_steps)):
+                ahead(t)
                 load(t)
                 ready.set(t)
         except BaseException as e:  # raised again by the task's thread
@@ -447,6 +460,7 @@ def run(workload: Any, ctx: Any, tile: Tile) -> dict[str, Any]:
                 if gpu:
                     ready.wait(t)
                 else:
+                    ahead(t)
                     load(t)
                 (a0, a1), (k0, k1) = st.rows, st.block
                 if st.first:  # a new panel: it reuses C, so the last panel's writes must be done
