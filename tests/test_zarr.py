@@ -348,6 +348,17 @@ def test_a_block_narrower_than_its_chunks_moves_its_own_bytes_only(tmp_path, mon
     assert seen["direct"] == []
     assert sum(seen["staged"]) == 64 * (10 + 10 + 5 + 15) * 4
     assert len(src._maps) == 8  # each chunk mapped once, for every block that meets it
+    monkeypatch.setattr(stores, "_KEPT_MAPS", 3)  # a map holds a file descriptor: the last used kept
+    src = ZarrSource(src.info)
+    got = np.empty((64, 10), np.float32)
+    src.read_into(dev, got, (0, 64), (0, 10))
+    np.testing.assert_array_equal(got, data[:, :10])
+    assert [p.split(os.sep)[-2:] for p in src._maps] == [["1", "0"], ["2", "0"], ["3", "0"]]
+    maps = dict(src._maps)
+    src.read_into(dev, got[:16], (16, 32), (0, 10))
+    np.testing.assert_array_equal(got[:16], data[16:32, :10])
+    assert [p.split(os.sep)[-2:] for p in src._maps] == [["2", "0"], ["3", "0"], ["1", "0"]]
+    assert all(src._maps[p] is maps[p] for p in src._maps)  # the one used again was not mapped again
     again = pickle.loads(pickle.dumps(src))  # a source travels without its maps
     assert again == src and again._maps == {}
     # A block exactly one column of chunks wide is whole chunk rows: in place, no staging.

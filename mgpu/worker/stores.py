@@ -32,6 +32,7 @@ import os
 import shutil
 import sys
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,8 @@ FLOAT_DTYPES = ("float16", "float32", "float64")
 # Rows per chunk of an output: about this many bytes each (a tile's write spans few objects,
 # and a reader such as dask.array.from_zarr gets chunks of the size it likes).
 OUTPUT_CHUNK_BYTES = 64 << 20
+# Chunk maps a source keeps (each holds a file descriptor): the chunks of a few blocks.
+_KEPT_MAPS = 128
 
 
 def require_zarr(key: str) -> Any:
@@ -326,7 +329,7 @@ class ZarrSource:
     """
 
     info: ZarrInfo
-    _maps: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _maps: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict, init=False, repr=False, compare=False)
     _decoded: list[DecodedChunks] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -431,21 +434,26 @@ class ZarrSource:
     def _mapped(self, read: ChunkRead) -> np.ndarray:
         """The piece's elements in a memory map of its chunk's object (nothing read yet).
 
-        Each chunk is mapped once for the life of the source: the kernel maps 64 KiB of
+        A chunk's map is kept (the ``_KEPT_MAPS`` last used): the kernel maps 64 KiB of
         pages around each one a copy faults in, so a block half a chunk wide maps the
         other half's pages too, which the next block then finds in place (a 16 MiB half
-        of a chunk copied from a fresh map took 2.5 times as long as from one kept).
+        of a chunk copied from a fresh map took 2.5 times as long as from one kept). Each
+        map holds a file descriptor, so not every chunk of a large store keeps one.
         """
         info = self.info
         mm = self._maps.get(read.path)
-        if mm is None:
+        if mm is not None:
+            self._maps.move_to_end(read.path)
+        else:
             try:
                 size = os.stat(read.path).st_size
             except OSError as e:
                 raise StoreUnreadable(f"{info.key}: chunk {read.path} could not be read ({e.strerror})") from None
             if size < info.chunk_nbytes:
                 raise StoreUnreadable(f"{info.key}: chunk {read.path} ends {info.chunk_nbytes - size:,} bytes short")
-            mm = self._maps.setdefault(read.path, np.memmap(read.path, dtype=info.dtype, mode="r", shape=info.chunks))
+            mm = self._maps[read.path] = np.memmap(read.path, dtype=info.dtype, mode="r", shape=info.chunks)
+            while len(self._maps) > _KEPT_MAPS:
+                self._maps.popitem(last=False)
         return mm[_slices(read.piece.inner)]
 
     def _read_raw_gpu(self, dev: Device, out: Any, box: tuple[tuple[int, int], ...]) -> None:
