@@ -128,7 +128,8 @@ def test_staged_pieces_land_in_blocks_of_a_wider_device_array(tmp_path):
 def test_streamed_matmul_from_stores_of_the_bench_layouts_allocates_what_the_npy_job_does(tmp_path):
     # Under 200 MB the schedule takes blocks of 1024 columns of A (half a chunk of 2048)
     # and keeps C: A's pieces and square chunks' B pieces are copied from the chunks'
-    # maps; no device buffer beside the budget's (it would spill to managed memory).
+    # maps, zstd chunks' from the decoded chunks; no device buffer beside the budget's
+    # (it would spill to managed memory).
     m = k = n = 4096
     a, b, _ = npy_operands(tmp_path, m, k, n, seed=9, dtype=np.float32)
     layouts = {
@@ -141,6 +142,13 @@ def test_streamed_matmul_from_stores_of_the_bench_layouts_allocates_what_the_npy
             {"a": _store(tmp_path / "sa.zarr", a, (2048, 2048)), "b": _store(tmp_path / "sb.zarr", b, (2048, 2048))},
             "sc.zarr",
         ),
+        "zstd": (  # decoded on the host, each chunk once, named ahead by the schedule
+            {
+                "a": _store(tmp_path / "za.zarr", a, (512, 2048), compressed=True),
+                "b": _store(tmp_path / "zb.zarr", b, (2048, n), compressed=True),
+            },
+            "zc.zarr",
+        ),
     }
     results = {}
     for name, (inputs, out) in layouts.items():
@@ -150,7 +158,7 @@ def test_streamed_matmul_from_stores_of_the_bench_layouts_allocates_what_the_npy
     assert results["zarr"].plan["tile_shape"]["k"] == 1024  # blocks half a chunk of A wide
     npy_c = np.load(tmp_path / "c.npy")
     scale = np.abs(npy_c).max()
-    for name, out in [("zarr", "c.zarr"), ("square", "sc.zarr")]:
+    for name, out in [("zarr", "c.zarr"), ("square", "sc.zarr"), ("zstd", "zc.zarr")]:
         got = zarr.open_array(str(tmp_path / out), mode="r")[...]
         np.testing.assert_allclose(got, npy_c, rtol=1e-5, atol=1e-5 * scale, err_msg=name)
         assert results[name].spill == results["npy"].spill, name
