@@ -24,19 +24,22 @@ def _hold(device: str, shared: bool, log: Any, other_waiting: Any) -> None:
         log.put("A leaving")
 
 
-def _enter(device: str, shared: bool, log: Any, other_waiting: Any) -> None:
-    turns = DeviceTurns(device, drain=lambda: None)
+def _enter(device: str, shared: bool, log: Any, other_waiting: Any, patience: float) -> None:
+    turns = DeviceTurns(device, drain=lambda: None, patience=patience)
     turns.shared = shared
     other_waiting.wait()
     with turns.turn():
         log.put("B in")
 
 
-def _order(shared: bool) -> list[str]:
+def _order(shared: bool, patience: float = 30.0) -> list[str]:
     ctx = multiprocessing.get_context("spawn")
     log, waiting = ctx.Queue(), ctx.Event()
     device = f"GPU-test-{uuid.uuid4()}"
-    procs = [ctx.Process(target=f, args=(device, shared, log, waiting)) for f in (_hold, _enter)]
+    procs = [
+        ctx.Process(target=_hold, args=(device, shared, log, waiting)),
+        ctx.Process(target=_enter, args=(device, shared, log, waiting, patience)),
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -50,6 +53,29 @@ def test_a_process_waits_for_the_turn_of_another_on_the_same_gpu_until_its_work_
 
 def test_a_gpu_no_other_worker_shares_is_never_waited_for():
     assert _order(shared=False) == ["A in", "B in", "A leaving"]
+
+
+def test_a_turn_held_past_the_patience_of_another_process_is_not_waited_for():
+    # A worker stopped (SIGSTOP) in its turn holds it: the others go on, time-sliced.
+    assert _order(shared=True, patience=HOLD_S / 10) == ["A in", "B in", "A leaving", "A drained"]
+
+
+def test_a_process_takes_turns_again_after_giving_up_on_one():
+    device = f"GPU-test-{uuid.uuid4()}"
+    other = DeviceTurns(device, drain=lambda: None)
+    other.shared = True
+    mine = DeviceTurns(device, drain=lambda: None, patience=0.05)
+    mine.shared = True
+    # The same process stands in for two: each DeviceTurns opens the lock file of its own.
+    with other.turn():
+        with mine.turn():
+            given_up = other._owned and not mine._owned
+    assert given_up
+    with mine.turn():  # the lock free again: taken, and held while inside
+        assert mine._owned
+    assert not mine._owned
+    other.close()
+    mine.close()
 
 
 def test_the_threads_of_one_process_share_its_turn_and_the_last_one_out_drains():
