@@ -14,7 +14,24 @@ from mgpu.worker.turns import DeviceTurns
 HOLD_S = 0.3  # how long the first process holds its turn: time enough for the other to barge in
 
 
-def _hold(device: str, shared: bool, log: Any, other_waiting: Any) -> None:
+class _Log:
+    """Events of several processes in the order they happened: each takes a number from
+    one shared counter as it happens (a queue alone orders them as its feeder threads
+    write, which may be later)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.queue, self.count = ctx.Queue(), ctx.Value("i", 0)
+
+    def put(self, event: str) -> None:
+        with self.count.get_lock():
+            self.count.value += 1
+            self.queue.put((self.count.value, event))
+
+    def events(self, n: int) -> list[str]:
+        return [event for _, event in sorted(self.queue.get(timeout=5) for _ in range(n))]
+
+
+def _hold(device: str, shared: bool, log: _Log, other_waiting: Any) -> None:
     turns = DeviceTurns(device, drain=lambda: log.put("A drained"))
     turns.shared = shared
     with turns.turn():
@@ -24,7 +41,7 @@ def _hold(device: str, shared: bool, log: Any, other_waiting: Any) -> None:
         log.put("A leaving")
 
 
-def _enter(device: str, shared: bool, log: Any, other_waiting: Any, patience: float) -> None:
+def _enter(device: str, shared: bool, log: _Log, other_waiting: Any, patience: float) -> None:
     turns = DeviceTurns(device, drain=lambda: None, patience=patience)
     turns.shared = shared
     other_waiting.wait()
@@ -34,7 +51,7 @@ def _enter(device: str, shared: bool, log: Any, other_waiting: Any, patience: fl
 
 def _order(shared: bool, patience: float = 30.0) -> list[str]:
     ctx = multiprocessing.get_context("spawn")
-    log, waiting = ctx.Queue(), ctx.Event()
+    log, waiting = _Log(ctx), ctx.Event()
     device = f"GPU-test-{uuid.uuid4()}"
     procs = [
         ctx.Process(target=_hold, args=(device, shared, log, waiting)),
@@ -44,7 +61,7 @@ def _order(shared: bool, patience: float = 30.0) -> list[str]:
         p.start()
     for p in procs:
         p.join(30)
-    return [log.get(timeout=5) for _ in range(4 if shared else 3)]
+    return log.events(4 if shared else 3)
 
 
 def test_a_process_waits_for_the_turn_of_another_on_the_same_gpu_until_its_work_has_run():
