@@ -264,3 +264,49 @@ def test_only_a_product_on_tensor_cores_runs_in_row_pieces(dtype, precision, pie
     gpu = Device("cuda", None, DeviceFacts("cuda", 0, "gpu", 1 << 30, 1 << 30, "h"))
     assert overlap.on_tensor_cores(dtype, precision) is pieces
     assert overlap.applies(job, gpu, tile) is pieces
+
+
+def test_a_tile_leaves_its_maps_to_the_releasing_thread_alone(tmp_path, monkeypatch):
+    import gc
+
+    from mgpu.worker.device import Device, DeviceFacts
+    from mgpu.worker.sources import NpySource
+    from mgpu.worker.tile import run_tile
+    from mgpu.workloads.matmul import Matmul, MatmulParams
+
+    monkeypatch.setattr(ms, "BLOCK_ROWS", 16)  # A read through a map of its rows
+    dev = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h"))
+    handed: list[list] = []
+    monkeypatch.setattr(dev.staging, "let_go", handed.append)
+    a, b, files = _files(tmp_path, 60, 50, 40)
+    job = Matmul(MatmulParams(input=files, operands="streamed"))
+    (tile,) = job.plan({"w": dev.facts}, 1 << 20, {}).tiles
+    assert run_tile(job, dev, tile).verify_ok is True
+    (held,) = handed
+    src_a, src_b, a_rows = held
+    assert isinstance(src_a, NpySource) and isinstance(src_b, NpySource)
+    assert isinstance(a_rows, np.memmap) and a_rows.filename == files["a"]
+    gc.collect()
+    for obj in held:  # whoever lets go of the last other reference pays for the unmapping
+        assert [r for r in gc.get_referrers(obj) if r is not held] == []
+
+
+def test_the_releasing_thread_lets_go_of_what_it_is_given():
+    import threading
+
+    from mgpu.worker.transfer import HostStaging
+
+    let_go = threading.Event()
+    where: list[str] = []
+
+    class Held:
+        def __del__(self) -> None:
+            where.append(threading.current_thread().name)
+            let_go.set()
+
+    staging = HostStaging()
+    held = [Held()]
+    staging.let_go(held)
+    assert let_go.wait(10)
+    staging.close()
+    assert held == [] and len(where) == 1 and where[0].startswith("mgpu-release")

@@ -343,6 +343,18 @@ def run(workload: Any, ctx: Any, tile: Tile) -> dict[str, Any]:
     ``extra["timeline"]``. Returns C·r and A·(B·r) (float64, None without a check) for
     Freivalds' check.
     """
+    held: list[Any] = []
+    try:
+        return _run(workload, ctx, tile, held)
+    finally:
+        # A's map and the maps and chunks the sources kept go on a thread of their own:
+        # unmapping their pages is no product's work (see HostStaging.let_go).
+        ctx.dev.staging.let_go(held)
+
+
+def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]:
+    """:func:`run`, with the sources and maps it reads through put in ``held``: once this
+    returns, ``held`` holds the last references to them."""
     started = time.perf_counter()
     p = workload.params
     s = schedule_of(tile)
@@ -358,6 +370,7 @@ def run(workload: Any, ctx: Any, tile: Tile) -> dict[str, Any]:
     # next blocks' pages of its rows too. With a map made per block, every row faulted
     # again (on an H200, 32768³ from files in 1024-column blocks took 4.3 s, with one map 2.1).
     a_rows = src_a.view((r0, r1)) if isinstance(src_a, NpySource) and s.block_rows < p.k else None
+    held += [src_a, src_b, a_rows]
     plan_steps = s.steps(rows, p.k)
     panel_rows = min(rows, s.panel_rows)
     first_use: dict[Any, int] = {}  # block -> the first step that uses it
