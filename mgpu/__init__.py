@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .signals import exit_on_signals_while_starting
+from .lifetime import pause_collection
+
+pause_collection()  # the command only: its imports run faster without the collector
+
+from .signals import exit_on_signals_while_starting  # noqa: E402
 
 exit_on_signals_while_starting()  # the command only: a Ctrl-C during its imports is one line
 

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from . import __version__
 from .client.watch import Events
 from .errors import JobFailed, JobInputError
+from .lifetime import finish, resume_collection
 from .memory import AllocatorChoice
 from .paths import check_folder, write_text
 from .security import client_security
@@ -44,6 +45,7 @@ class _Reporter(Events):
         self.results: list[Any] = []
 
     def cluster_ready(self, info: Any) -> None:
+        resume_collection()  # the client's imports and the cluster's start are done
         n = len(info.devices)
         if info.backend == "cpu":
             where = f"{n} CPU worker{'s' * (n != 1)} with NumPy"
@@ -182,8 +184,11 @@ class _Commands(click.Group):
 
 @click.group(cls=_Commands, context_settings=_CONTEXT)
 @click.version_option(__version__, "--version", prog_name="mgpu")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """mgpu: run large array jobs on every GPU of a node (or CPU workers) with Dask."""
+    if ctx.invoked_subcommand != "submit":
+        resume_collection()  # submit collects again once its cluster is ready
 
 
 @cli.command(context_settings=_CONTEXT)
@@ -691,13 +696,16 @@ def main() -> None:
     tasks and closes its cluster first (see :mod:`mgpu.signals`); click's own handling would
     print "Aborted!" and exit 1.
     """
-    with cancel_on_signals():
-        try:
-            code = cli.main(prog_name="mgpu", standalone_mode=False)
-        except click.exceptions.Abort as e:
-            signum = e.__cause__.signum if isinstance(e.__cause__, Interrupted) else signal.SIGINT
-            _fail(f"interrupted ({signal.Signals(signum).name})", 128 + signum)
-        except click.ClickException as e:
-            e.show()
-            sys.exit(e.exit_code)
+    try:
+        with cancel_on_signals():
+            try:
+                code = cli.main(prog_name="mgpu", standalone_mode=False)
+            except click.exceptions.Abort as e:
+                signum = e.__cause__.signum if isinstance(e.__cause__, Interrupted) else signal.SIGINT
+                _fail(f"interrupted ({signal.Signals(signum).name})", 128 + signum)
+            except click.ClickException as e:
+                e.show()
+                sys.exit(e.exit_code)
+    finally:
+        finish()
     sys.exit(code if isinstance(code, int) else 0)

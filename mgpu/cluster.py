@@ -24,6 +24,7 @@ import psutil
 from distributed import Client, LocalCluster, SpecCluster
 
 from . import config
+from .ending import end_workers, kill_processes, worker_processes
 from .errors import JobInputError
 from .gpus import nvml_gpus, visible_count
 from .memory import AllocatorChoice, rmm_options
@@ -58,6 +59,9 @@ AUTO_BUDGET = {"cuda": 0.8, "cpu": 0.5}
 # ended well or not (stopped by Ctrl-C or SIGTERM, mgpu must end within a few seconds even
 # with a worker stopped or hung).
 CLOSE_S = {False: 10.0, True: 3.0}
+# How long the workers of a cluster whose jobs are done may take to end, killed (see
+# mgpu.ending), before the cluster's own close goes on.
+END_S = 2.0
 
 # Each worker mgpu starts offers one unit of this Dask resource: a tile task takes
 # 1/concurrency of it, so a workload decides how many of its tiles share a device at once.
@@ -489,9 +493,11 @@ def _start(rc: ResolvedCluster) -> Any:
         return _start_cuda(rc) if rc.backend == "cuda" else _start_cpu(rc)
 
 
-def _close_within(seconds: float, client: Client | None, cluster: Any, *, quiet: bool) -> None:
+def _close_within(seconds: float, client: Client | None, cluster: Any, *, quiet: bool, done: bool = False) -> None:
     """Close the client and the cluster; a cluster not closed within ``seconds`` (a worker
-    stopped or hung never answers its nanny) has its worker processes killed."""
+    stopped or hung never answers its nanny) has its worker processes killed. ``done``:
+    the jobs ended and their results are committed, so the workers are ended at once
+    (:func:`mgpu.ending.end_workers`) rather than wound down."""
 
     def close() -> None:
         if client is not None:
@@ -500,6 +506,9 @@ def _close_within(seconds: float, client: Client | None, cluster: Any, *, quiet:
             with contextlib.suppress(Exception):
                 client.close(timeout=seconds)
         if cluster is not None:
+            if done:
+                with contextlib.suppress(Exception):
+                    end_workers(cluster, END_S)
             with contextlib.suppress(Exception):
                 cluster.close(timeout=seconds)
 
@@ -516,13 +525,7 @@ def _close_within(seconds: float, client: Client | None, cluster: Any, *, quiet:
 
 def _kill_workers(cluster: Any) -> None:
     """SIGKILL the worker processes of a cluster mgpu started (children of this process)."""
-    ours = {p.pid: p for p in psutil.Process().children(recursive=True)}
-    for nanny in list(getattr(cluster, "workers", {}).values()):
-        pid = getattr(getattr(nanny, "process", None), "pid", None)
-        if pid in ours:
-            for proc in [*ours[pid].children(recursive=True), ours[pid]]:
-                with contextlib.suppress(psutil.Error):
-                    proc.kill()
+    kill_processes(worker_processes(cluster))
 
 
 @contextlib.contextmanager
@@ -594,7 +597,7 @@ def open_cluster(
         # Stopped (Ctrl-C, SIGTERM: signals.Interrupted) or failed: tiles may still be running.
         stopped = sys.exc_info()[1] is not None
         with deferred():  # a signal now would leave worker processes behind
-            _close_within(CLOSE_S[stopped], client if not given else None, cluster, quiet=stopped)
+            _close_within(CLOSE_S[stopped], client if not given else None, cluster, quiet=stopped, done=not stopped)
             for stray in half_started:
                 _close_within(CLOSE_S[stopped], None, stray, quiet=False)
             if half_started:

@@ -117,12 +117,9 @@ def exit_on_signals_while_starting() -> None:
 
     Only for the command: imported as a library, mgpu leaves the signals to its caller.
     """
-    # The interpreter's own arguments: a worker process that multiprocessing spawns is given
-    # the parent's sys.argv, but not its orig_argv.
-    argv = sys.orig_argv
-    as_module = any(a == "-m" and b == "mgpu" for a, b in zip(argv, argv[1:], strict=False))
-    as_script = any(os.path.basename(a) == "mgpu" for a in argv[1:2])
-    if not (as_module or as_script):
+    from .lifetime import is_command
+
+    if not is_command():
         return
     if threading.current_thread() is threading.main_thread():
         for sig in _HANDLED:

@@ -1,0 +1,113 @@
+"""The ``mgpu`` command collects no garbage while it imports and starts, collects again
+once its cluster is ready (or at once, for every command but submit), and leaves nothing
+for the interpreter's last collection; mgpu imported as a library, or in a worker process,
+leaves the collector alone. Each case runs in a fresh interpreter told how it was started."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+COMMAND = "sys.orig_argv = [sys.executable, '-m', 'mgpu', 'submit', 'job.yaml']"
+LIBRARY = "sys.orig_argv = [sys.executable, 'program.py']"
+WORKER = "sys.orig_argv = [sys.executable, '-c', 'from multiprocessing.spawn import spawn_main']"
+
+
+def collector_after(started_as: str, code: str, tmp_path) -> dict:
+    """The collector's state after ``code`` in an interpreter started as ``started_as``
+    says; ``code`` appends its observations to ``seen``."""
+    script = f"import sys\n{started_as}\nimport gc\nseen = {{}}\n{textwrap.dedent(code)}\n"
+    script += "print(json.dumps(seen))"
+    proc = subprocess.run(
+        [sys.executable, "-c", "import json\n" + script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_command_imports_without_the_collector_and_resumes_it_frozen(tmp_path):
+    seen = collector_after(
+        COMMAND,
+        """
+        import mgpu.cli
+        seen["importing"] = gc.isenabled()
+        from mgpu.lifetime import resume_collection
+        resume_collection()
+        seen["resumed"] = gc.isenabled()
+        seen["frozen"] = gc.get_freeze_count()
+        resume_collection()  # once only: nothing more is frozen
+        seen["again"] = gc.get_freeze_count()
+        """,
+        tmp_path,
+    )
+    assert seen["importing"] is False
+    assert seen["resumed"] is True and seen["frozen"] > 10_000
+    assert seen["again"] == seen["frozen"]
+
+
+@pytest.mark.parametrize("started_as", [LIBRARY, WORKER], ids=["library", "worker"])
+def test_a_program_or_a_worker_keeps_its_collector(tmp_path, started_as):
+    seen = collector_after(
+        started_as,
+        """
+        import mgpu.cli
+        seen["importing"] = gc.isenabled()
+        from mgpu.lifetime import finish, resume_collection
+        resume_collection()
+        finish()
+        seen["frozen"] = gc.get_freeze_count()
+        """,
+        tmp_path,
+    )
+    assert seen == {"importing": True, "frozen": 0}
+
+
+def test_commands_but_submit_collect_from_their_start(tmp_path):
+    seen = collector_after(
+        COMMAND,
+        """
+        from click.testing import CliRunner
+        from mgpu.cli import cli
+        result = CliRunner().invoke(cli, ["submit", "missing.yaml"])
+        seen["submit"] = [result.exit_code, gc.isenabled()]
+        result = CliRunner().invoke(cli, ["report", "missing.json"])
+        seen["report"] = [result.exit_code, gc.isenabled()]
+        """,
+        tmp_path,
+    )
+    # A submit that fails its checks exits before its cluster would be ready: still paused.
+    assert seen == {"submit": [2, False], "report": [2, True]}
+
+
+def test_a_submit_collects_again_once_its_cluster_is_ready(tmp_path):
+    (tmp_path / "job.yaml").write_text(
+        "workload: dot\nparams: {n: 1000}\ncluster: {backend: cpu, devices: 1, dashboard: null}\n"
+    )
+    seen = collector_after(
+        COMMAND,
+        """
+        from click.testing import CliRunner
+        from mgpu.cli import cli
+        import mgpu.cli
+        ready = mgpu.cli._Reporter.cluster_ready
+
+        def spy(self, info):
+            ready(self, info)
+            seen["at cluster_ready"] = gc.isenabled()
+
+        mgpu.cli._Reporter.cluster_ready = spy
+        seen["before"] = gc.isenabled()
+        result = CliRunner().invoke(cli, ["submit", "job.yaml", "-q", "--own-cluster"])
+        seen["exit"] = result.exit_code
+        """,
+        tmp_path,
+    )
+    assert seen == {"before": False, "at cluster_ready": True, "exit": 0}
