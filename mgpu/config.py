@@ -24,6 +24,7 @@ from .errors import JobInputError
 
 __all__ = [
     "READ_METHODS",
+    "Ceilings",
     "WRITE_METHODS",
     "Io",
     "ReadMethod",
@@ -157,19 +158,46 @@ class Recovery(_Section):
     @field_validator("wait_for_workers", "tile_deadline_floor", "tile_deadline_heard", mode="before")
     @classmethod
     def _seconds(cls, value: Any) -> float:
-        try:
-            seconds = parse_timedelta(value) if isinstance(value, (str, int, float)) else None
-        except (TypeError, ValueError, KeyError):
-            seconds = None
-        if seconds is None or isinstance(value, bool) or seconds < 0:
-            raise ValueError(f"{value!r} is not a length of time (e.g. 30s, 2 minutes)")
-        return float(seconds)
+        return _length_of_time(value, "30s, 2 minutes")
+
+
+class Ceilings(_Section):
+    """``mgpu.ceilings``: how a device's ceilings are measured (:mod:`mgpu.roofline`)."""
+
+    # Seconds of back-to-back kernels on a GPU before a sustained ceiling's samples (the
+    # clocks a long job keeps, not its first milliseconds'); CPUs need none.
+    sustain: float = 0.3
+    samples: int = 3  # timed runs per ceiling, of which the median is kept
+
+    @field_validator("sustain", mode="before")
+    @classmethod
+    def _sustain(cls, value: Any) -> float:
+        return _length_of_time(value, "0.3s")
+
+    @field_validator("samples", mode="before")
+    @classmethod
+    def _samples(cls, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{value!r} is not a positive whole number of timed runs (e.g. 3)")
+        return value
+
+
+def _length_of_time(value: Any, example: str) -> float:
+    """A Dask time (``"30s"``, ``"2 minutes"``) or seconds, 0 or more."""
+    try:
+        seconds = parse_timedelta(value) if isinstance(value, (str, int, float)) else None
+    except (TypeError, ValueError, KeyError):
+        seconds = None
+    if seconds is None or isinstance(value, bool) or seconds < 0:
+        raise ValueError(f"{value!r} is not a length of time (e.g. {example})")
+    return float(seconds)
 
 
 class Settings(_Section):
     """Every ``mgpu.*`` key, checked: the value of :func:`load`."""
 
     cache_dir: str | None = None
+    ceilings: Ceilings = Ceilings()
     io: Io = Io()
     recovery: Recovery = Recovery()
     transfer: Transfer = Transfer()

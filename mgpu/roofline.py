@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 import os
 import platform
 import statistics
@@ -45,11 +46,13 @@ __all__ = [
     "ceilings_for",
     "groups_missing",
     "job_groups",
+    "keep_busy",
     "measure_ceilings",
     "median_seconds",
     "read_cache",
     "shared_key",
     "software",
+    "sustained_seconds",
     "write_cache",
 ]
 
@@ -68,24 +71,53 @@ DEVICE_CEILINGS = {
 _SIDE = {"cuda": 8192, "cpu": 1024}
 # The group of ceilings measured here (the others are named by their workload).
 _DEVICE = "device"
-# Bytes copied per sample: well past launch overheads, per backend.
+# Bytes copied per sample of a device copy: well past launch overheads and caches, per backend.
 _COPY_BYTES = {"cuda": 1 << 30, "cpu": 32 << 20}
-_REPEAT = {"cuda": 5, "cpu": 3}
+# Bytes per sample of a host<->device or peer copy: at 256 MiB a PCIe or NVLink copy runs at
+# its full rate (a few ms); pinning 1 GiB of host memory for it took a first job 0.3 s more.
+_TRANSFER_BYTES = 256 << 20
 
 
-def median_seconds(dev: Device, fn: Callable[[], Any]) -> float:
-    """The median device time of ``fn()`` on ``dev``, after one untimed call.
+def median_seconds(dev: Device, fn: Callable[[], Any], *, first: bool = True) -> float:
+    """The median device time of ``fn()`` on ``dev`` over ``mgpu.ceilings.samples`` calls,
+    after one untimed call (``first``; leave it out where ``fn`` has run already).
 
     For a workload's :meth:`~mgpu.workloads.base.Workload.measure_ceilings`: ``fn`` enqueues
     device work on the current stream (its first call compiles, plans and allocates).
     """
-    fn()
+    if first:
+        fn()
     samples = []
-    for _ in range(_REPEAT[dev.backend]):
+    for _ in range(config.load().ceilings.samples):
         with dev.timer() as t:
             fn()
         samples.append(t.seconds)
     return statistics.median(samples)
+
+
+def sustained_seconds(dev: Device, fn: Callable[[], Any]) -> float:
+    """The median device time of ``fn()`` on ``dev`` once it has run back to back for
+    ``mgpu.ceilings.sustain`` seconds: on a GPU, the rate its clocks keep over a long job
+    (a tensor-core GEMM slows as the GPU reaches its power limit), not its first
+    milliseconds'. CPUs need no such window (:func:`median_seconds`)."""
+    window = config.load().ceilings.sustain if dev.is_gpu else 0.0
+    if window <= 0:
+        return median_seconds(dev, fn)
+    keep_busy(dev, fn, window)
+    return median_seconds(dev, fn, first=False)
+
+
+def keep_busy(dev: Device, fn: Callable[[], Any], seconds: float) -> int:
+    """Run ``fn`` back to back until it has kept the device busy ``seconds`` (its first
+    call times one; the rest go in one batch enqueued at once, so the device never waits);
+    returns the calls made."""
+    with dev.timer() as t:
+        fn()
+    calls = max(1, math.ceil(seconds / max(t.seconds, 1e-6)) - 1)
+    for _ in range(calls):
+        fn()
+    dev.synchronize()
+    return 1 + calls
 
 
 def ceiling_units(workload: type[Workload] | None = None) -> dict[str, str]:
@@ -141,7 +173,7 @@ def _device_ceilings(dev: Device) -> dict[str, float]:
     out["check"] = n * n / median_seconds(dev, lambda: kernels.matvec_f64(xp, mat, vec)) / 1e9
     mat = vec = None
     if dev.is_gpu:
-        out.update(_transfer_rates(dev, nbytes))
+        out.update(_transfer_rates(dev, _TRANSFER_BYTES))
     return out
 
 

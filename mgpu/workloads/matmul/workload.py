@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 
 from ...errors import JobInputError
 from ...inputs import InputParams, Operand
-from ...roofline import median_seconds
+from ...roofline import sustained_seconds
 from ...sizes import format_bytes
 from ...tiling import Panel, Plan, Tile, assign_contiguous, check_tile_count, split, split_by_size
 from ...worker.device import Device, DeviceFacts
@@ -52,11 +52,11 @@ _B_PARTS = 2
 # The side of the square GEMMs that measure the ceilings: well past launch overheads, and
 # on a GPU large enough to run at the rate a job's large tiles do.
 _CEILING_SIDE = {"cuda": 16384, "cpu": 384}
-# Device seconds of back-to-back GEMMs before a ceiling's samples: the rate a GPU keeps up,
-# not its first milliseconds' (on an H200 a TF32 GEMM of 8192² ran at 407.6 TFLOP/s in
-# 3 ms, while a 32768³ tile's product ran at 357 for 0.2 s: the clocks drop under a
-# tensor-core GEMM's power; float64 52.7 against 57.6; float32, not on tensor cores, held).
-_CEILING_WARM_S = {"cuda": 0.3, "cpu": 0.0}
+# Each is timed once the GPU has run it back to back for mgpu.ceilings.sustain: the rate a
+# GPU keeps up, not its first milliseconds' (on an H200 a TF32 GEMM of 8192² ran at 407.6
+# TFLOP/s in 3 ms, while a 32768³ tile's product ran at 357 for 0.2 s: the clocks drop
+# under a tensor-core GEMM's power; float64 52.7 against 57.6; float32, not on tensor
+# cores, held).
 
 
 def _pieces(bounds: tuple[int, int], n: int) -> list[tuple[int, int]]:
@@ -113,19 +113,6 @@ def _tf32(dev: Device, enabled: bool) -> Iterator[None]:
     finally:
         linalg.set_compute_type(np.float32, previous[0])
         cublas.setMathMode(handle, previous[1])
-
-
-def _keep_busy(dev: Device, fn: Callable[[], Any], seconds: float) -> None:
-    """Run ``fn`` back to back until it has kept the device busy ``seconds`` (its first
-    call times one; the rest go in batches enqueued at once, so the device never waits)."""
-    if seconds <= 0:
-        return
-    with dev.timer() as t:
-        fn()
-    calls = max(1, math.ceil(seconds / max(t.seconds, 1e-6)) - 1)
-    for _ in range(calls):
-        fn()
-    dev.synchronize()
 
 
 class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
@@ -272,8 +259,7 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
                 return xp.matmul(a, b, out=c)
 
             with _tf32(dev, tf32):
-                _keep_busy(dev, product, _CEILING_WARM_S[dev.backend])
-                seconds = median_seconds(dev, product)
+                seconds = sustained_seconds(dev, product)
             del a, b, c
             out[key] = 2 * n**3 / seconds / 1e12
         return out
