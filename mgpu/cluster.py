@@ -27,6 +27,7 @@ from . import config
 from .ending import end_workers, kill_processes, worker_processes
 from .errors import JobInputError
 from .gpus import nvml_gpus, visible_count
+from .lifetime import COLLECTOR_PRELOAD
 from .memory import AllocatorChoice, rmm_options
 from .sharing import shared_by
 from .signals import WORKER_PRELOAD, deferred
@@ -380,7 +381,7 @@ def _start_cuda(rc: ResolvedCluster) -> Any:
         threads_per_worker=GPU_THREADS,
         resources={SLOT: 1},
         silence_logs=logging.WARNING,
-        preload=[WORKER_PRELOAD],
+        preload=[WORKER_PRELOAD, COLLECTOR_PRELOAD],
         **rmm_options(rc.allocator, share, rc.spill),
     )
 
@@ -394,7 +395,7 @@ def _start_cpu(rc: ResolvedCluster) -> LocalCluster:
         host="127.0.0.1",
         dashboard_address=rc.dashboard,
         silence_logs=logging.WARNING,
-        preload=[WORKER_PRELOAD],
+        preload=[WORKER_PRELOAD, COLLECTOR_PRELOAD],
     )
 
 

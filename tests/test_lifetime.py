@@ -1,7 +1,9 @@
 """The ``mgpu`` command collects no garbage while it imports and starts, collects again
 once its cluster is ready (or at once, for every command but submit), and leaves nothing
-for the interpreter's last collection; mgpu imported as a library, or in a worker process,
-leaves the collector alone. Each case runs in a fresh interpreter told how it was started."""
+for the interpreter's last collection; mgpu imported as a library leaves the collector
+alone (each case in a fresh interpreter told how it was started). A worker of a cluster
+mgpu starts collects nothing until its runtime is made; one of a cluster it joins keeps
+its collector."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ import json
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
+from distributed import Client
 
 COMMAND = "sys.orig_argv = [sys.executable, '-m', 'mgpu', 'submit', 'job.yaml']"
 LIBRARY = "sys.orig_argv = [sys.executable, 'program.py']"
@@ -111,3 +115,33 @@ def test_a_submit_collects_again_once_its_cluster_is_ready(tmp_path):
         tmp_path,
     )
     assert seen == {"before": False, "at cluster_ready": True, "exit": 0}
+
+
+def _collector(dask_worker: Any = None) -> dict[str, Any]:
+    import gc
+
+    return {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}
+
+
+def test_a_worker_mgpu_starts_collects_again_once_its_runtime_is_made():
+    from mgpu.cluster import ResolvedCluster, _start_cpu
+    from mgpu.worker.plugins import RuntimeSetup
+
+    rc = ResolvedCluster("cpu", [0], "default", "tcp", "auto", None, None)
+    with _start_cpu(rc) as cluster, Client(cluster) as client:
+        # Started with the collector paused (the preload), as its imports run.
+        assert [s["enabled"] for s in client.run(_collector).values()] == [False]
+        client.register_plugin(RuntimeSetup("cpu"))
+        (after,) = client.run(_collector).values()
+        assert after["enabled"] and after["frozen"] > 10_000
+
+
+def test_a_worker_mgpu_joins_keeps_its_collector():
+    from conftest import start_local_cluster
+
+    from mgpu.worker.plugins import RuntimeSetup
+
+    with start_local_cluster() as cluster, Client(cluster) as client:
+        assert all(s["enabled"] for s in client.run(_collector).values())
+        client.register_plugin(RuntimeSetup("cpu"))
+        assert [s["frozen"] for s in client.run(_collector).values()] == [0, 0]

@@ -23,6 +23,7 @@ import dask.config
 from distributed import WorkerPlugin
 
 from ..config import Settings
+from ..lifetime import resume_in_worker
 from ..memory.metrics import PoolCollector
 from ..memory.spill import ManagedFallback
 from ..memory.stats import CupyPoolTracker, RmmTracker, cupy_uses_rmm, describe_chain, resource_chain
@@ -71,6 +72,7 @@ class RuntimeSetup(WorkerPlugin):
 
     def setup(self, worker: Any = None) -> None:
         self.runtime = make_runtime(self.backend, worker)
+        resume_in_worker(worker)  # the worker's start is done: collect again
 
     def teardown(self, worker: Any = None) -> None:
         runtime, self.runtime = self.runtime, None
