@@ -35,7 +35,7 @@ from .sizes import format_bytes, resolve_size
 from .spec import ClusterSpec
 from .worker.device import DeviceFacts, address_space_room
 from .worker.plugins import AllocatorStats, PoolMetrics, RuntimeSetup, SettingsSetup, SpillToManaged
-from .worker.tasks import device_facts, take_turns
+from .worker.tasks import device_facts, open_job, take_turns
 
 __all__ = [
     "ClusterInfo",
@@ -103,6 +103,8 @@ class ClusterInfo:
     software: dict[str, dict[str, str]] = field(default_factory=dict)
     # A GPU worker's environment for the results (mgpu.info.runtime_env), asked once.
     worker_env: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The keys of the warm-ups each worker has run, as the job found it (Survey.warmed).
+    warmed: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def tile_resources(self, concurrency: int) -> dict[str, float] | None:
         """The Dask resources a tile task asks for, when ``concurrency`` tiles may share a device."""
@@ -399,38 +401,42 @@ def _start_cpu(rc: ResolvedCluster) -> LocalCluster:
     )
 
 
-def _describe(dask_worker: Any = None) -> tuple[DeviceFacts, dict[str, str], bool]:
+def _describe(dask_worker: Any = None) -> tuple[DeviceFacts, dict[str, str], bool, list[str]]:
     from .roofline import software
 
     state = getattr(dask_worker, "state", None)
     slot = SLOT in (getattr(state, "total_resources", None) or {})
-    return device_facts(dask_worker), software(), slot
+    return device_facts(dask_worker), software(), slot, open_job(dask_worker)
 
 
 @dataclass(frozen=True)
 class Survey:
     """What one round trip to the workers tells: each one's device facts (address ->
-    facts, in the order tiles are placed), software (address -> :func:`mgpu.roofline.software`)
-    and whether every worker offers the SLOT resource."""
+    facts, in the order tiles are placed), software (address -> :func:`mgpu.roofline.software`),
+    whether every worker offers the SLOT resource, and the keys of the warm-ups each has
+    run (address -> keys, see :func:`mgpu.worker.tasks.open_job`, which also opens the
+    job's window of allocator statistics)."""
 
     devices: dict[str, DeviceFacts]
     software: dict[str, dict[str, str]]
     slots: bool
+    warmed: dict[str, frozenset[str]] = field(default_factory=dict)
 
 
 def survey(client: Client) -> Survey:
     """Ask every worker for its :class:`Survey` entries, in one round trip; where workers
     share a GPU, a second tells them to take turns at it (:mod:`mgpu.worker.turns`)."""
     answers = client.run(_describe)
-    facts = {addr: f for addr, (f, _, _) in answers.items()}
+    facts = {addr: f for addr, (f, _, _, _) in answers.items()}
     ordered = dict(sorted(facts.items(), key=lambda kv: (kv[1].host, kv[1].id, kv[0])))
     shared = shared_by(ordered)
     if any(n > 1 for n in shared.values()):
         client.run(take_turns, shared, workers=list(shared))
     return Survey(
         ordered,
-        {addr: versions for addr, (_, versions, _) in answers.items()},
-        bool(answers) and all(slot for _, _, slot in answers.values()),
+        {addr: versions for addr, (_, versions, _, _) in answers.items()},
+        bool(answers) and all(slot for _, _, slot, _ in answers.values()),
+        {addr: frozenset(keys) for addr, (_, _, _, keys) in answers.items()},
     )
 
 
@@ -593,6 +599,7 @@ def open_cluster(
             spills=rc.spill == "managed",
             slots=found.slots,
             software=found.software,
+            warmed=found.warmed,
         )
     finally:
         # Stopped (Ctrl-C, SIGTERM: signals.Interrupted) or failed: tiles may still be running.

@@ -1,8 +1,8 @@
 """mgpu's job figures on the scheduler's ``/metrics``, for Prometheus.
 
 Distributed serves ``/metrics`` on the scheduler's HTTP server from prometheus-client's
-default registry. A :class:`JobMetrics` scheduler plugin (registered once per cluster by
-the client, see :func:`attach`) keeps running totals per workload and registers a
+default registry. A :class:`JobMetrics` scheduler plugin (registered once per cluster, by
+the first job's report, see :func:`report`) keeps running totals per workload and registers a
 collector there that turns them into metric families: jobs by status, tiles, seconds of
 compute and wall, the last job's share of the roofline, bytes by path (file,
 host→device, device→host, device→device), spilled bytes, failed checks and recovered
@@ -26,7 +26,7 @@ from distributed import SchedulerPlugin
 if TYPE_CHECKING:
     from .results import Result
 
-__all__ = ["JobMetrics", "attach", "figures", "report"]
+__all__ = ["JobMetrics", "figures", "report", "reporting"]
 
 logger = logging.getLogger(__name__)
 
@@ -143,29 +143,29 @@ class _JobCollector:
         yield share
 
 
-def attach(client: Any) -> bool:
-    """Register :class:`JobMetrics` on the client's scheduler, where prometheus-client is
-    installed here and there; returns whether it is there. A scheduler that cannot take
-    it (one of a joined cluster without mgpu, say) keeps running jobs without it."""
-    if importlib.util.find_spec("prometheus_client") is None:  # found, not imported: 15 ms a submit
-        return False
-    try:
-        client.register_plugin(JobMetrics())
-    except Exception as e:  # the scheduler lacks mgpu or prometheus-client
-        logger.info("mgpu's job metrics are not on this scheduler's /metrics: %s", e)
-        return False
-    return True
+def reporting() -> bool:
+    """Whether this client reports its jobs' figures: prometheus-client is installed here
+    (found, not imported: 15 ms a submit)."""
+    return importlib.util.find_spec("prometheus_client") is not None
 
 
-def _record(job: dict[str, Any], dask_scheduler: Any = None) -> None:
+async def _record(job: dict[str, Any], dask_scheduler: Any = None) -> None:
     plugin = dask_scheduler.plugins.get(JobMetrics.name)
-    if plugin is not None:
-        plugin.record(job)
+    if plugin is None:  # the first report to this scheduler: no round trip of its own
+        await dask_scheduler.register_scheduler_plugin(JobMetrics(), idempotent=True)
+        plugin = dask_scheduler.plugins[JobMetrics.name]
+    plugin.record(job)
 
 
-def report(client: Any, job: dict[str, Any]) -> None:
-    """Add one job's figures (:func:`figures`) to the scheduler's totals, if it keeps them."""
+def report(client: Any, job: dict[str, Any]) -> bool:
+    """Add one job's figures (:func:`figures`) to the scheduler's totals, registering
+    :class:`JobMetrics` there first if it is not yet (after the job's result: its wall
+    time has no round trip of this); returns whether they were added. A scheduler that
+    cannot take them (one of a joined cluster without mgpu or prometheus-client, say)
+    keeps running jobs without them."""
     try:
         client.run_on_scheduler(_record, job)
     except Exception as e:  # metrics never fail a job
-        logger.info("could not report the job's metrics to the scheduler: %s", e)
+        logger.info("mgpu's job metrics are not on this scheduler's /metrics: %s", e)
+        return False
+    return True

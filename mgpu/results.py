@@ -96,16 +96,24 @@ class Spill(BaseModel):
 
 class Startup(BaseModel):
     """Where the time besides the tiles' went, in seconds (client clock): before the first
-    finished tile, and after the last."""
+    finished tile, and after the last. The seconds add up to the job's ``wall_s`` (those
+    absent from results written before they were recorded aside)."""
 
-    cluster_s: float  # starting (or joining) the cluster and setting its workers up; 0 after the first job
+    # Starting (or joining) the cluster and setting its workers up; after the first job of
+    # a submit, the round trip that finds the workers (and which are warm) for this one.
+    cluster_s: float
     ceilings_s: float  # the devices' ceilings, read from the cache or measured
     plan_s: float
-    warmup_s: float  # each worker's untimed warm-up
+    warmup_s: float  # the untimed warm-up of each worker not yet warm for the job's tiles
     first_tile_s: float | None  # from the warm-up's end to the first tile's record
-    # From the last tile's record to the result: the allocators' statistics, the outputs
-    # committed, the record built; absent from results written before it was recorded.
+    # From the first tile's record to the last's (and the panels' records gathered, the
+    # workers' buffers of the job let go).
+    later_tiles_s: float | None = None
+    # From the last tile's record until the outputs are committed: the allocators'
+    # statistics, the outputs written.
     finish_s: float | None = None
+    # Workers sent a warm-up: those that had run none of the same key (0: all were warm).
+    warmups: int | None = None
 
 
 class Pcie(BaseModel):

@@ -48,6 +48,11 @@ Optional capabilities, each a class to subclass beside :class:`Workload`
     :func:`check_output_path`) made before any task; renamed into place only if every
     tile passed.
 
+``warmup(dev, tile)``, optional, runs a small tile's kernels untimed on each worker before
+the job's tiles (compiles them, makes library handles); ``warm_key(tile)`` names what it
+prepares: a worker that ran a warm-up of the same key, for this job or another, is sent
+none (by default the key is the job's own params and the tile's bounds).
+
 The routine around a tile (timing, staging counters, spill accounting, the check, the
 record) is mgpu's. Errors in params that a model cannot express raise
 :class:`JobInputError` naming the key.

@@ -75,9 +75,10 @@ def assemble(
         allocators = info.client.run(close_allocator_window, workers=live, on_error="ignore", callback_timeout=10)
     except TimeoutError:
         allocators = {}
-    wall_s = time.perf_counter() - t0
+    end = time.perf_counter()
+    wall_s = end - t0
     if tiles_done is not None:
-        startup = startup.model_copy(update={"finish_s": time.perf_counter() - tiles_done})
+        startup = startup.model_copy(update={"finish_s": end - tiles_done})
     return build_result(
         job,
         workload,

@@ -14,7 +14,7 @@ import os
 import queue
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,6 +141,9 @@ class TileTracker:
         For tiles that wait on one another (a stepped plan's): called with the workers left
         once one is lost, it submits what the tiles wait on again and returns each tile's
         worker; every tile in flight is then resubmitted there, not the lost worker's alone.
+    workers
+        The workers there are as the tiles start, where the client knows them already (the
+        job found them); by default the scheduler is asked.
     """
 
     client: Any
@@ -150,6 +153,7 @@ class TileTracker:
     alive_deadline_s: float = field(default_factory=lambda: config.load().recovery.tile_deadline_heard)
     retire: Callable[[str], None] = lambda worker: None
     regroup: Callable[[list[str]], dict[int, str] | None] | None = None
+    workers: Collection[str] | None = None
     lost_workers: list[str] = field(default_factory=list)
     stuck_workers: list[str] = field(default_factory=list)
     # The process ("host:pid", as tile records name it) of each worker that finished a tile -> its address.
@@ -164,7 +168,7 @@ class TileTracker:
     _rounds: int = 0  # how many times the tiles were regrouped
 
     def __post_init__(self) -> None:
-        self._known = set(self._workers())
+        self._known = set(self._workers() if self.workers is None else self.workers)
         # A worker that is restarted (by its nanny) or replaced takes a few seconds to join.
         self._patience = config.load().recovery.wait_for_workers
 

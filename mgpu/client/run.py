@@ -27,7 +27,8 @@ from ..results import Recovery, Result, Startup
 from ..roofline import ceiling_units, ceilings_at_once, ceilings_for, job_groups
 from ..sharing import share_rates
 from ..spec import Job
-from ..workloads.base import TileRecord
+from ..tiling import Tile
+from ..workloads.base import TileRecord, Workload
 from .assemble import assemble, reference_beside
 from .estimate import estimate
 from .plan import Prepared, plan_job
@@ -36,7 +37,7 @@ from .recover import retire_worker
 from .submit import run_plan, warm_up
 from .watch import Events
 
-__all__ = ["run_job", "run_jobs"]
+__all__ = ["cold_workers", "run_job", "run_jobs"]
 
 
 def run_jobs(
@@ -86,27 +87,27 @@ def _run_checked(
 ) -> list[Result]:
     t0 = time.perf_counter()
     results: list[Result] = []
+    reporting = metrics.reporting()
     with open_cluster(resolved, security, settings, client) as info:
-        cluster_s = time.perf_counter() - t0
         events.cluster_ready(info)
-        reporting = metrics.attach(info.client)
         for i, p in enumerate(prepared):
             if i:
                 t0 = time.perf_counter()
-                # Plan for the workers there are now: one may have been lost in an earlier job.
+                # Plan for the workers there are now (one may have been lost in an earlier
+                # job), and learn which are warm for it: one round trip.
                 found = survey(info.client)
-                info.devices, info.software = found.devices, found.software
+                info.devices, info.software, info.warmed = found.devices, found.software, found.warmed
                 if not info.devices:
                     raise JobFailed(f"no workers are left to run job {p.job.name!r}")
             events.job_started(i, p.job)
             try:
-                result = _run_prepared(info, p, events, t0, cluster_s if i == 0 else 0.0)
+                result = _run_prepared(info, p, events, t0)
             except (JobFailed, JobInputError):
                 if reporting:
                     metrics.report(info.client, {"workload": p.job.workload, "status": "failed"})
                 raise
-            if reporting:
-                metrics.report(info.client, metrics.figures(result))
+            if reporting:  # a scheduler that cannot keep them is not asked again
+                reporting = metrics.report(info.client, metrics.figures(result))
             events.job_done(result)
             results.append(result)
             if result.status != "ok":
@@ -144,11 +145,21 @@ def tile_deadline(expected: Any, plan: Any, workers: int, concurrency: int) -> f
     return max(settings.tile_deadline_floor, settings.tile_deadline_slack * tile_s)
 
 
-def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, cluster_s: float) -> Result:
-    """Plan, run, check and commit one job on a connected cluster; outputs are kept only if it passed."""
+def cold_workers(workload: Workload, tile: Tile, info: ClusterInfo) -> list[str]:
+    """The workers that have run no warm-up of the key of ``workload``'s tiles like
+    ``tile`` (:meth:`~mgpu.workloads.base.Workload.warm_key`), as they said when the job
+    found them, in the cluster's order."""
+    key = workload.warm_key(tile)
+    return [w for w in info.devices if key not in info.warmed.get(w, ())]
+
+
+def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float) -> Result:
+    """Plan, run, check and commit one job on a connected cluster; outputs are kept only if
+    it passed. ``t0`` (``time.perf_counter``) is the job's start: the cluster's start or
+    joining for the first job, the round trip that found the workers for a later one."""
     job, workload = p.job, p.workload
     sinks = list(workload.sinks.values())
-    marks = [time.perf_counter()]  # start, ceilings, plan, warm-up, first tile
+    marks = [t0, time.perf_counter()]  # start, cluster, ceilings, plan, warm-up, first tile
     try:
         wanted = job_groups(workload)  # its bound alone: a first run measures what it reads
         ceilings = ceilings_for(info.client, info.devices, wanted, software=info.software)
@@ -173,19 +184,15 @@ def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, clu
         resources = info.tile_resources(workload.concurrency)
         deadline_s = tile_deadline(expected, plan, len(info.devices), workload.concurrency)
         retire = functools.partial(retire_worker, info.client, ours=info.owned)
-        warm_up(
-            info.client,
-            workload,
-            plan.tiles[0],
-            list(info.devices),
-            resources,
-            deadline_s=deadline_s,
-            retire=retire,
-        )
+        # Only workers that have not run a warm-up of this key get one: a warm cluster, as
+        # the round trip that found its workers said, starts the tiles at once.
+        cold = cold_workers(workload, plan.tiles[0], info)
+        if cold:
+            warm_up(info.client, workload, plan.tiles[0], cold, resources, deadline_s=deadline_s, retire=retire)
         marks.append(time.perf_counter())
 
         def tile_done(record: TileRecord) -> None:
-            if len(marks) == 4:
+            if len(marks) == 5:
                 marks.append(time.perf_counter())
             events.tile_done(record)
 
@@ -211,11 +218,13 @@ def _run_prepared(info: ClusterInfo, p: Prepared, events: Events, t0: float, clu
                 workload.judge(records, reference.result())
         steps = [b - a for a, b in zip(marks, marks[1:], strict=False)]
         startup = Startup(
-            cluster_s=cluster_s,
-            ceilings_s=steps[0],
-            plan_s=steps[1],
-            warmup_s=steps[2],
-            first_tile_s=steps[3] if len(steps) > 3 else None,
+            cluster_s=steps[0],
+            ceilings_s=steps[1],
+            plan_s=steps[2],
+            warmup_s=steps[3],
+            first_tile_s=steps[4] if len(steps) > 4 else None,
+            later_tiles_s=tiles_done - marks[5] if len(marks) > 5 else None,
+            warmups=len(cold),
         )
         return assemble(
             info,

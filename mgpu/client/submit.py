@@ -224,14 +224,15 @@ def run_plan(
             on_lost(worker, tiles)
 
     regroup = steps.regroup if steps else None
-    tracker = TileTracker(client, submit, lost, deadline_s=deadline_s, retire=retire, regroup=regroup)
+    # The workers the job found (``devices``), or else the scheduler's.
+    workers = list(devices) if devices else list(client.scheduler_info(n_workers=-1)["workers"])
+    tracker = TileTracker(client, submit, lost, deadline_s=deadline_s, retire=retire, regroup=regroup, workers=workers)
     try:
         if plan.placement == "static":
             for t in plan.tiles:
                 tracker.submit(t, t.worker)
         else:
             pending.extend(plan.tiles)
-            workers = list(client.scheduler_info(n_workers=-1)["workers"])
             for _ in range(workload.concurrency + _DYNAMIC_AHEAD):
                 for w in workers:
                     if pending:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Hashable
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,31 @@ from .turns import DeviceTurns
 __all__ = ["Runtime", "make_runtime"]
 
 
+class Warmed:
+    """The keys of the warm-ups a worker ran (:meth:`mgpu.workloads.base.Workload.warm_key`),
+    the ``limit`` most recent: what a long-lived worker tells each client stays small."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self.limit = limit
+        self._keys: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._keys
+
+    def add(self, key: str) -> None:
+        with self._lock:
+            self._keys[key] = None
+            self._keys.move_to_end(key)
+            while len(self._keys) > self.limit:
+                self._keys.popitem(last=False)
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._keys)
+
+
 @dataclass
 class Runtime:
     """What one worker keeps for its tasks (see the module's docstring)."""
@@ -44,9 +70,10 @@ class Runtime:
     panels: PanelStore = field(default_factory=PanelStore)
     steps: StepStore = field(default_factory=StepStore)
     exchange: PeerBuffers = field(default_factory=PeerBuffers)
-    # The warm-ups run on this worker (see mgpu.worker.tasks.warmup): a job like one before
-    # finds its kernels compiled and its handles made, and skips its own.
-    warmed: set[Hashable] = field(default_factory=set)
+    # The keys of the warm-ups run on this worker (see mgpu.worker.tasks.warmup), most
+    # recent last: a job like one before finds its kernels compiled and its handles made,
+    # and the client, told of them as it finds the workers, sends it no warm-up.
+    warmed: Warmed = field(default_factory=Warmed)
     turns: DeviceTurns = field(init=False)
 
     def __post_init__(self) -> None:

@@ -31,6 +31,7 @@ __all__ = [
     "hand_over_checkpoint",
     "keep_checkpoint",
     "make_panel",
+    "open_job",
     "resume_tile",
     "run_tile",
     "step_tile",
@@ -146,20 +147,27 @@ def resume_tile(
 
 
 def warmup(workload: Workload, tile: Tile) -> bool:
-    """Open the job's window of allocator statistics on this worker, then run the
-    workload's warm-up on its device (compiles kernels, makes handles) for tiles like
-    ``tile``, unless this worker ran it for the same job's tiles already; returns whether
-    it ran."""
+    """Run the workload's warm-up on this worker's device (compiles kernels, makes
+    handles) for tiles like ``tile``, unless this worker ran one of the same key
+    (:meth:`~mgpu.workloads.base.Workload.warm_key`) already; returns whether it ran."""
     rt = current()
-    tracker = rt.device.extra.get("allocator")  # the allocator's statistics (mgpu.memory.stats)
-    if tracker is not None:
-        tracker.begin()  # the job's window opens here: no round trip of its own
-    key = (workload.name, workload.params.model_dump_json(), workload.verify, repr(tile.bounds), repr(tile.args))
+    key = workload.warm_key(tile)
     if key in rt.warmed:
         return False
     workload.warmup(rt.device, tile)
     rt.warmed.add(key)
     return True
+
+
+def open_job(dask_worker: Any = None) -> list[str]:
+    """Open a job's window of allocator statistics on this worker (run in the one round
+    trip that finds the workers for a job: none of its own) and return the keys of the
+    warm-ups this worker has run (see :func:`warmup`): the client sends a warm worker none."""
+    rt = current(dask_worker)
+    tracker = rt.device.extra.get("allocator")  # the allocator's statistics (mgpu.memory.stats)
+    if tracker is not None:
+        tracker.begin()
+    return rt.warmed.keys()
 
 
 def take_turns(shared: dict[str, int], dask_worker: Any = None) -> bool:
@@ -172,8 +180,15 @@ def take_turns(shared: dict[str, int], dask_worker: Any = None) -> bool:
 
 def with_device(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args, device)`` with this worker's device last: a measurement of the device
-    alone run as a task (the roofline's ceilings)."""
-    return fn(*args, current().device)
+    alone run as a task (the roofline's ceilings). The job's window of allocator
+    statistics opens again after it: what a measurement allocates is not the job's."""
+    dev = current().device
+    try:
+        return fn(*args, dev)
+    finally:
+        tracker = dev.extra.get("allocator")
+        if tracker is not None:
+            tracker.begin()
 
 
 def end_job(token: str, stage: Literal["close", "free"], dask_worker: Any = None) -> None:
@@ -203,8 +218,8 @@ def device_facts(dask_worker: Any = None) -> DeviceFacts:
 
 
 def close_allocator_window(dask_worker: Any = None) -> dict[str, Any]:
-    """The allocator's figures since the job's warm-up opened its window (see :func:`warmup`
-    and :mod:`mgpu.memory.stats`)."""
+    """The allocator's figures since the job opened its window (see :func:`open_job` and
+    :mod:`mgpu.memory.stats`)."""
     dev: Device = current(dask_worker).device
     tracker = dev.extra.get("allocator")
     if tracker is None:

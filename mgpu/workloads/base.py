@@ -161,6 +161,15 @@ class Workload(ABC, Generic[P]):
         plan's (its size and args are the job's)."""
         return None  # nothing to warm up by default
 
+    def warm_key(self, tile: Tile) -> str:
+        """What :meth:`warmup` for tiles like ``tile`` prepares on a worker, as a key: a
+        worker that ran a warm-up of the same key (for this job or any other) needs no
+        other, and the client then sends it none. By default the job itself (its params,
+        its check, the tile's bounds and args); a workload whose warm-up depends on less
+        (a dtype, a shape) says so, and a warm worker then serves other jobs at once."""
+        params = self.params.model_dump_json()
+        return f"{self.name}|{params}|{self.verify}|{sorted(tile.bounds.items())!r}|{sorted(tile.args.items())!r}"
+
     @classmethod
     def measure_ceilings(cls, dev: Device, only: Collection[str] | None = None) -> dict[str, float]:
         """Measure the rates named in ``ceiling_units`` on ``dev`` alone (a task on a worker,

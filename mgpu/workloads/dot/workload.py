@@ -251,6 +251,12 @@ class Dot(Workload[DotParams], Estimates, HostBytes):
     def ceiling(self) -> str:
         return "copy"  # memory-bound: set against a device copy's bytes per second
 
+    def warm_key(self, tile: Tile) -> str:
+        # Random operands: the warm-up is the same small dot of this dtype, whatever the job.
+        if self.params.input != "random":
+            return super().warm_key(tile)  # its files' readers are the job's own
+        return f"dot|{self.params.dtype}"
+
     def warmup(self, dev: Device, tile: Tile) -> None:
         small = Dot(self.params.model_copy(update={"n": 4099, "input": "random"}), verify=True)
         run_tile(small, dev, Tile(-1, {"n": (0, 4099)}))

@@ -42,6 +42,8 @@ _ESTIMATE_ROWS, _ESTIMATE_COLS, _ESTIMATE_MAX_ITER = 256, 128, 1000
 _PIXEL_STEPS = 26
 # Bands may be this many times taller than the equal-row bands (see plan()).
 _TALLEST_BAND = 2
+# The widest band the warm-up counts: its sum takes a large reduction's kernels.
+_WARMUP_WIDTH = 8192
 # Row costs are estimated for at most this many groups of rows (see plan()).
 _COST_GROUPS = 1 << 16
 # The square image and steps that measure the ceilings (side, max_iter), per backend. On a
@@ -314,13 +316,22 @@ class Mandelbrot(Workload[MandelbrotParams], Estimates, Outputs):
             out[f"mandelbrot_{dtype}"] = iterations / seconds / 1e9
         return out
 
+    def warm_key(self, tile: Tile) -> str:
+        # The kernels (the band's, its sum's, the check's) depend on the dtype, the check
+        # and the warm-up band's width, not on the window or the steps (an argument). The
+        # job's axes, made by the warm-up too, are made by a warm worker's first band.
+        p = self.params
+        return f"mandelbrot|{p.dtype}|{self.verify}|{min(p.width, _WARMUP_WIDTH)}"
+
     def warmup(self, dev: Device, tile: Tile) -> None:
         # A small band through run_tile itself, checked as the job's bands are: the check's
         # kernels, compiled or loaded on first use, otherwise land in the first real bands,
         # and loading a kernel waits for the kernels running. Wide enough (8192 columns)
         # that its sum takes a large reduction's kernels, not only a small one's.
         small = Mandelbrot(
-            self.params.model_copy(update={"width": min(self.params.width, 8192), "height": 8, "output": None}),
+            self.params.model_copy(
+                update={"width": min(self.params.width, _WARMUP_WIDTH), "height": 8, "output": None}
+            ),
             verify=self.verify,
         )
         run_tile(small, dev, Tile(-1, {"rows": (0, 8)}))

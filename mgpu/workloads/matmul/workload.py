@@ -264,7 +264,8 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
             out[key] = 2 * n**3 / seconds / 1e12
         return out
 
-    def warmup(self, dev: Device, tile: Tile) -> None:
+    def _warmup_shape(self, tile: Tile) -> tuple[int, int, int]:
+        """The (m, n, k) of the product the warm-up runs for tiles like ``tile``."""
         # The tile's own m and n, so cuBLAS picks (and loads) the kernel the tiles use; a
         # smaller product may pick another, leaving that load, up to ~150 ms, to the first tile.
         m, n = tile.size("m"), tile.size("n")
@@ -273,6 +274,19 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
         k = min(tile.args.get("tk", self.params.k), _WARMUP_K)
         while m * n * np.dtype(self.params.dtype).itemsize > _WARMUP_C_BYTES:
             m, n = max(1, m // 2), max(1, n // 2)
+        return m, n, k
+
+    def warm_key(self, tile: Tile) -> str:
+        # Random operands, no output, no schedule of its own: the warm-up is one product of
+        # the shape below (and the generator's and the check's kernels), whatever the job.
+        p = self.params
+        if p.input != "random" or p.output or p.operands == "streamed" or "schedule" in tile.args:
+            return super().warm_key(tile)  # files, outputs and schedules are the job's own
+        m, n, k = self._warmup_shape(tile)
+        return f"matmul|{p.dtype}|{p.precision}|{p.operands}|{m}x{n}x{k}"
+
+    def warmup(self, dev: Device, tile: Tile) -> None:
+        m, n, k = self._warmup_shape(tile)
         p = self.params.model_copy(
             update={"m": m, "n": n, "k": k, "input": "random", "output": None, "operands": "per-tile"}
         )
