@@ -310,3 +310,36 @@ def test_the_releasing_thread_lets_go_of_what_it_is_given():
     assert let_go.wait(10)
     staging.close()
     assert held == [] and len(where) == 1 and where[0].startswith("mgpu-release")
+
+
+def _rss_kib(address: int) -> int:
+    """Resident KiB of the mapping that holds ``address`` in this process."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "Rss:":
+                return int(line.split()[1])
+    raise LookupError(hex(address))
+
+
+def test_a_map_let_go_drops_its_pages_in_pieces_and_keeps_the_file(tmp_path, monkeypatch):
+    from mgpu.worker import transfer
+
+    monkeypatch.setattr(transfer, "DROP_PIECE", 1 << 20)
+    data = np.arange(2 << 20, dtype=np.float32)  # 8 MiB
+    np.save(tmp_path / "a.npy", data)
+    mm = np.load(tmp_path / "a.npy", mmap_mode="r")
+    assert float(mm.sum()) == float(data.sum())  # every page touched
+    address = mm.ctypes.data
+    assert _rss_kib(address) >= 8 << 10
+    transfer.drop_pages(mm)
+    assert _rss_kib(address) == 0  # unmapping it now frees no page
+    np.testing.assert_array_equal(mm, data)  # the file's bytes are where they were
+    private = np.load(tmp_path / "a.npy", mmap_mode="c")
+    private[:4] = -1
+    transfer.drop_pages(private)  # a private map's changes are its own: left alone
+    assert list(private[:4]) == [-1, -1, -1, -1]
