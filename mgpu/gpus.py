@@ -66,19 +66,31 @@ def visible_devices() -> list[str] | None:
 # -- without a CUDA context: NVML ------------------------------------------------------------
 
 
+@functools.cache
+def _nvml() -> Any:
+    """pynvml, initialised once in this process and left so: each init after a shutdown
+    reads every GPU's state anew (tens of milliseconds, more with more GPUs), while an
+    init of an initialised NVML (dask-cuda's and distributed's own) only counts one more.
+
+    Raises
+    ------
+    Exception
+        Whatever pynvml raises where it cannot start (no library, no driver); asked
+        again, it tries again.
+    """
+    import pynvml
+
+    pynvml.nvmlInit()
+    return pynvml
+
+
 def visible_count() -> int:
     """How many CUDA devices this process can see, without creating a CUDA context.
 
     0 when NVML is not installed or no driver is loaded.
     """
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            count = int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
+        count = int(_nvml().nvmlDeviceGetCount())
     except Exception:
         return 0
     visible = visible_devices()
@@ -93,48 +105,37 @@ def nvml_gpus(ordinals: list[int] | None = None) -> list[Gpu]:
     Exception
         Whatever NVML raises where it cannot answer (no library, no driver, no device).
     """
-    import pynvml
-
+    pynvml = _nvml()
     visible = visible_devices()
-    pynvml.nvmlInit()
-    try:
-        if ordinals is None:
-            count = int(pynvml.nvmlDeviceGetCount())
-            ordinals = list(range(count if visible is None else min(count, len(visible))))
-        out = []
-        for d in ordinals:
-            which = visible[d] if visible is not None and d < len(visible) else str(d)
-            if which.isdigit():
-                handle = pynvml.nvmlDeviceGetHandleByIndex(int(which))
-            else:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(which)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-            out.append(
-                Gpu(
-                    index=d,
-                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                    name=_text(pynvml.nvmlDeviceGetName(handle)),
-                    memory=int(mem.total),
-                    free=int(mem.free),
-                    compute_capability=f"{major}.{minor}",
-                )
+    if ordinals is None:
+        count = int(pynvml.nvmlDeviceGetCount())
+        ordinals = list(range(count if visible is None else min(count, len(visible))))
+    out = []
+    for d in ordinals:
+        which = visible[d] if visible is not None and d < len(visible) else str(d)
+        if which.isdigit():
+            handle = pynvml.nvmlDeviceGetHandleByIndex(int(which))
+        else:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(which)
+        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        out.append(
+            Gpu(
+                index=d,
+                uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+                name=_text(pynvml.nvmlDeviceGetName(handle)),
+                memory=int(mem.total),
+                free=int(mem.free),
+                compute_capability=f"{major}.{minor}",
             )
-        return out
-    finally:
-        pynvml.nvmlShutdown()
+        )
+    return out
 
 
 def driver_version() -> str | None:
     """The driver's version as NVML gives it, or None where NVML cannot say."""
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return _text(pynvml.nvmlSystemGetDriverVersion())
-        finally:
-            pynvml.nvmlShutdown()
+        return _text(_nvml().nvmlSystemGetDriverVersion())
     except Exception:
         return None
 
@@ -143,24 +144,19 @@ def nvlink_links(count: int) -> dict[str, int]:
     """Active NVLink links of each of the first ``count`` GPUs (by NVML index); empty when
     NVML cannot say."""
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
+        pynvml = _nvml()
     except Exception:
         return {}
     out = {}
-    try:
-        for i in range(count):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            active = 0
-            for link in range(18):
-                try:
-                    active += pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED
-                except pynvml.NVMLError:
-                    break
-            out[str(i)] = active
-    finally:
-        pynvml.nvmlShutdown()
+    for i in range(count):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+        active = 0
+        for link in range(18):
+            try:
+                active += pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED
+            except pynvml.NVMLError:
+                break
+        out[str(i)] = active
     return out
 
 
