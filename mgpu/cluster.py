@@ -3,6 +3,7 @@ workers) or a running scheduler. A cluster mgpu starts is closed however the job
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import ipaddress
@@ -17,7 +18,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import psutil
@@ -401,9 +402,15 @@ def _start_cpu(rc: ResolvedCluster) -> LocalCluster:
     )
 
 
-def _describe(dask_worker: Any = None) -> tuple[DeviceFacts, dict[str, str], bool, list[str]]:
+def _describe(
+    settings: dict[str, Any] | None = None, dask_worker: Any = None
+) -> tuple[DeviceFacts, dict[str, str], bool, list[str]] | None:
+    """This worker's :class:`Survey` entries; None, asking nothing, where ``settings`` are
+    given and the worker lacks mgpu's setup with them."""
     from .roofline import software
 
+    if settings is not None and not _set_up(settings, dask_worker):
+        return None
     state = getattr(dask_worker, "state", None)
     slot = SLOT in (getattr(state, "total_resources", None) or {})
     return device_facts(dask_worker), software(), slot, open_job(dask_worker)
@@ -426,7 +433,27 @@ class Survey:
 def survey(client: Client) -> Survey:
     """Ask every worker for its :class:`Survey` entries, in one round trip; where workers
     share a GPU, a second tells them to take turns at it (:mod:`mgpu.worker.turns`)."""
-    answers = client.run(_describe)
+    found = _survey(client)
+    assert found is not None  # asked without settings: every worker answers
+    return found
+
+
+def _survey(client: Client, settings: config.Settings | None = None, stream: float | None = None) -> Survey | None:
+    """:func:`survey`; with ``settings``, None (the workers asked nothing else) unless
+    every worker has mgpu's setup with them. With ``stream`` (a time), the scheduler's
+    task stream is opened from then in the same round trip (see :func:`open_cluster`)."""
+    wanted = settings.as_dask_config() if settings is not None else None
+    on_error: Literal["return", "raise"] = "return" if settings is not None else "raise"
+
+    async def ask() -> Any:
+        asks = [client.run(_describe, wanted, on_error=on_error, asynchronous=True)]
+        if stream is not None:
+            asks.append(client.scheduler.get_task_stream(start=stream))
+        return (await asyncio.gather(*asks))[0]
+
+    answers = client.sync(ask)
+    if settings is not None and not (answers and all(isinstance(a, tuple) for a in answers.values())):
+        return None
     facts = {addr: f for addr, (f, _, _, _) in answers.items()}
     ordered = dict(sorted(facts.items(), key=lambda kv: (kv[1].host, kv[1].id, kv[0])))
     shared = shared_by(ordered)
@@ -455,11 +482,6 @@ def _set_up(settings: dict[str, Any], dask_worker: Any = None) -> bool:
 def describe_workers(client: Client) -> dict[str, DeviceFacts]:
     """Each worker's device facts (address -> facts), in the order tiles are placed."""
     return survey(client).devices
-
-
-def _all_set_up(client: Client, settings: config.Settings) -> bool:
-    answers = client.run(_set_up, settings.as_dask_config(), on_error="return")
-    return bool(answers) and all(answer is True for answer in answers.values())
 
 
 def _join(rc: ResolvedCluster, security: Any) -> Client:
@@ -568,10 +590,15 @@ def open_cluster(
             # warning beside that says it again, for Dask's own users.
             logging.getLogger("distributed.nanny").setLevel(logging.ERROR)
             client = Client(cluster)
+        # The task stream records only once its scheduler plugin exists, which opening a
+        # dashboard page does; asking for it here keeps every task for a later look.
+        stream = time.time() if rc.dashboard or rc.scheduler or given else None
         # A joined cluster whose every worker has mgpu's setup with these settings (one that
-        # mgpu cluster up holds) keeps it: one round trip instead of a registration each.
-        joined_ready = cluster is None and rc.spill != "managed" and _all_set_up(client, settings)
-        if not joined_ready:
+        # mgpu cluster up holds) keeps it: the one round trip that finds its workers tells.
+        found = None
+        if cluster is None and rc.spill != "managed":
+            found = _survey(client, settings, stream)
+        if found is None:
             client.register_plugin(SettingsSetup(settings))
             if cluster is not None:
                 client.run(_silence_task_errors)
@@ -582,11 +609,8 @@ def open_cluster(
             client.register_plugin(AllocatorStats())
             if importlib.util.find_spec("prometheus_client") is not None:
                 client.register_plugin(PoolMetrics())  # reads the statistics adaptor above
-        if rc.dashboard or rc.scheduler or given:
-            # The task stream records only once its scheduler plugin exists, which opening a
-            # dashboard page does; asking for it here keeps every task for a later look.
-            client.get_task_stream(start=time.time())
-        found = survey(client)
+            found = _survey(client, stream=stream)
+            assert found is not None  # asked without settings: every worker answers
         if not found.devices:
             where = f"the scheduler at {rc.scheduler}" if rc.scheduler else "the cluster of the client given"
             raise JobInputError(f"cluster.scheduler: {where} has no workers")

@@ -24,6 +24,7 @@ from mgpu.tiling import (
 from mgpu.worker.device import DeviceFacts
 from mgpu.workloads.dot import Dot, DotParams
 from mgpu.workloads.mandelbrot import Mandelbrot, MandelbrotParams, mandelbrot_axes, mandelbrot_counts, row_costs
+from mgpu.workloads.mandelbrot.kernels import estimate_counts
 from mgpu.workloads.matmul import Matmul, MatmulParams, choose_matmul_tiles, cpu_working_set, matmul_working_set
 
 AWKWARD = [1, 2, 3, 7, 13, 97, 101, 1000, 10_007]
@@ -390,8 +391,12 @@ def test_row_costs_are_the_coarse_counts_interpolated():
     x, y = mandelbrot_axes(
         width=100, height=60, bounds=(small.xmin, small.xmax, small.ymin, small.ymax), rows=(0, 60), dtype="float32"
     )
-    extra = row_costs(small) - mandelbrot_counts(np, x, y, 80).mean(axis=1) * 100
-    assert extra.min() == pytest.approx(extra.max()) and extra.min() >= 100  # a step a pixel or more
+    # The counts are the estimate's own (the kernel's but for a few points near the set),
+    # plus what a pixel costs besides its steps.
+    counted = mandelbrot_counts(np, x, y, 80).mean(axis=1) * 100
+    extra = row_costs(small) - counted
+    assert extra.min() >= 100  # a step a pixel or more
+    np.testing.assert_allclose(row_costs(small), counted + extra.min(), rtol=0.01)
 
     # A taller image: rows interpolated, centred (a window symmetric about the axis gives
     # symmetric costs) and close to the counts of every row, band by band.
@@ -408,6 +413,21 @@ def test_row_costs_are_the_coarse_counts_interpolated():
     # Deep counts: the estimate stops early and counts points still running as max_iter.
     inside = MandelbrotParams(width=50, height=40, max_iter=50_000, xmin=-0.2, xmax=0.1, ymin=-0.2, ymax=0.2)
     np.testing.assert_allclose(row_costs(inside), 50 * (50_000 + extra.min() / 100))
+
+
+def test_the_estimates_counts_are_the_kernels_but_near_the_set():
+    p = MandelbrotParams(width=128, height=256, max_iter=1000)
+    x, y = mandelbrot_axes(
+        width=128, height=256, bounds=(p.xmin, p.xmax, p.ymin, p.ymax), rows=(0, 256), dtype="float32"
+    )
+    exact, est = mandelbrot_counts(np, x, y, 1000), estimate_counts(x, y, 1000)
+    assert np.mean(est != exact) < 0.02  # points near the set: float64 steps, looked at every few
+    np.testing.assert_allclose(est.mean(axis=1) + 26, exact.mean(axis=1) + 26, rtol=0.03)
+    assert est.sum() == pytest.approx(exact.sum(), rel=1e-3)
+    # The main cardioid and the period-2 bulb stay without a step, as the kernel counts them.
+    on_axis = np.array([-0.1, 0.2, -1.0, -1.2])
+    assert (estimate_counts(on_axis, np.array([0.0]), 500) == 500).all()
+    assert (mandelbrot_counts(np, on_axis, np.array([0.0]), 500) == 500).all()
 
 
 def test_spill_lets_the_smallest_tile_exceed_the_budget():

@@ -13,7 +13,14 @@ import numpy as np
 
 from ...worker.kernels import is_cupy
 
-__all__ = ["mandelbrot_axes", "mandelbrot_counts", "mandelbrot_differ", "mandelbrot_points", "mandelbrot_scratch"]
+__all__ = [
+    "estimate_counts",
+    "mandelbrot_axes",
+    "mandelbrot_counts",
+    "mandelbrot_differ",
+    "mandelbrot_points",
+    "mandelbrot_scratch",
+]
 
 
 def mandelbrot_axes(
@@ -166,6 +173,43 @@ def mandelbrot_scratch(pixels: int, itemsize: int) -> int:
     z and three more values of each point of a piece (``itemsize`` each) and its index,
     twice while escaped points are dropped, and the piece's positions, counts and masks."""
     return (2 * (7 * itemsize + 8) + 8 + 8 + 4 + 2) * min(pixels, MANDELBROT_PIECE)
+
+
+# Steps the estimate counts one at a time; past them (where only points near the set are
+# left) it looks every _ESTIMATE_EVERY steps, counting each escape at most that late.
+_ESTIMATE_EXACT, _ESTIMATE_EVERY = 32, 4
+
+
+def estimate_counts(x: np.ndarray, y: np.ndarray, max_iter: int) -> np.ndarray:
+    """Escape counts of the points ``x + i y`` (1-D axes) for a plan's cost estimate, in
+    NumPy: a few times faster than :func:`mandelbrot_counts` and close to it (not bit
+    for bit). The main cardioid and the period-2 bulb, most of the set's area, are known
+    to stay (``max_iter``) without a step; the others step in complex128, the arrays'
+    whole in a few calls a step, and are looked at one step at a time for the first
+    ``_ESTIMATE_EXACT`` steps, then every ``_ESTIMATE_EVERY`` (a point that stayed
+    within 2 cannot overflow in as many)."""
+    h, w = y.shape[0], x.shape[0]
+    cr = np.broadcast_to(np.asarray(x, np.float64)[None, :], (h, w)).ravel()
+    ci = np.broadcast_to(np.asarray(y, np.float64)[:, None], (h, w)).ravel()
+    counts = np.full(h * w, max_iter, dtype=np.int32)
+    q = (cr - 0.25) ** 2 + ci * ci
+    known = (q * (q + (cr - 0.25)) < 0.25 * ci * ci) | ((cr + 1) ** 2 + ci * ci < 0.0625)
+    idx = np.flatnonzero(~known)
+    c = cr[idx] + 1j * ci[idx]
+    z = np.zeros_like(c)
+    n = 0
+    while n < max_iter and idx.size:
+        k = 1 if n < _ESTIMATE_EXACT else min(_ESTIMATE_EVERY, max_iter - n)
+        for _ in range(k):
+            np.multiply(z, z, out=z)
+            np.add(z, c, out=z)
+        n += k
+        escaped = ~(np.abs(z) <= 2)
+        if escaped.any():
+            counts[idx[escaped]] = n
+            stay = ~escaped
+            idx, z, c = idx[stay], z[stay], c[stay]
+    return counts.reshape(h, w)
 
 
 def _numpy_mandelbrot(x: np.ndarray, y: np.ndarray, max_iter: int) -> np.ndarray:

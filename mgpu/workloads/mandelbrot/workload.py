@@ -3,6 +3,7 @@ pixels counted again on its own device."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -22,7 +23,14 @@ from ...worker.sources import NpySink, check_output_path
 from ...worker.stores import output_sink
 from ...worker.tile import TileContext, run_tile
 from ..base import Estimates, Outputs, Workload
-from .kernels import mandelbrot_axes, mandelbrot_counts, mandelbrot_differ, mandelbrot_points, mandelbrot_scratch
+from .kernels import (
+    estimate_counts,
+    mandelbrot_axes,
+    mandelbrot_counts,
+    mandelbrot_differ,
+    mandelbrot_points,
+    mandelbrot_scratch,
+)
 
 __all__ = ["Mandelbrot", "MandelbrotParams", "render_png", "row_costs"]
 
@@ -32,7 +40,7 @@ __all__ = ["Mandelbrot", "MandelbrotParams", "render_png", "row_costs"]
 _CHECK_COLUMNS = 512
 _PNG_MAX_SIDE = 4096
 # The coarse grid over the job's window whose counts estimate each row's cost at plan
-# time (~50 ms of NumPy on one core at 1000 steps). A coarse point still running after
+# time (~4 ms of NumPy on one core at 1000 steps). A coarse point still running after
 # _ESTIMATE_MAX_ITER steps counts as max_iter, so a deep zoom plans in the same time.
 _ESTIMATE_ROWS, _ESTIMATE_COLS, _ESTIMATE_MAX_ITER = 256, 128, 1000
 # What a pixel costs besides its steps, in steps: its thread and count in the kernel, and
@@ -363,22 +371,28 @@ def row_costs(p: MandelbrotParams, group: int = 1) -> np.ndarray:
     """Estimated iterations of each row of the image (or of each ``group`` rows, the last
     group the rest), from a coarse grid counted in NumPy.
 
-    The counts of at most 256 x 128 points spread over the same window, a row's mean
+    The counts of at most 256 x 128 points spread over the same window
+    (:func:`~mgpu.workloads.mandelbrot.kernels.estimate_counts`), a row's mean
     interpolated to the middle of every row (or group) of the image, plus what a pixel
-    costs besides its steps.
+    costs besides its steps. Kept for the process's later jobs of the same image.
     """
-    rows, cols = min(p.height, _ESTIMATE_ROWS), min(p.width, _ESTIMATE_COLS)
-    steps = min(p.max_iter, _ESTIMATE_MAX_ITER)
-    x, y = mandelbrot_axes(
-        width=cols, height=rows, bounds=(p.xmin, p.xmax, p.ymin, p.ymax), rows=(0, rows), dtype=p.dtype
-    )
-    counts = mandelbrot_counts(np, x, y, steps)
-    counts = np.where(counts >= steps, p.max_iter, counts)
-    per_row = (counts.mean(axis=1) + _PIXEL_STEPS) * p.width
+    return _row_costs(p.width, p.height, (p.xmin, p.xmax, p.ymin, p.ymax), p.max_iter, p.dtype, group).copy()
+
+
+@functools.lru_cache(maxsize=16)
+def _row_costs(
+    width: int, height: int, bounds: tuple[float, float, float, float], max_iter: int, dtype: str, group: int
+) -> np.ndarray:
+    rows, cols = min(height, _ESTIMATE_ROWS), min(width, _ESTIMATE_COLS)
+    steps = min(max_iter, _ESTIMATE_MAX_ITER)
+    x, y = mandelbrot_axes(width=cols, height=rows, bounds=bounds, rows=(0, rows), dtype=dtype)
+    counts = estimate_counts(x, y, steps)
+    counts = np.where(counts >= steps, max_iter, counts)
+    per_row = (counts.mean(axis=1) + _PIXEL_STEPS) * width
     # Image row i lies at (i + 0.5) / height of the window, as does coarse row j at (j + 0.5) / rows.
-    first = np.arange(0, p.height, group)
-    size = np.minimum(group, p.height - first)
-    at = (first + size / 2) * (rows / p.height) - 0.5
+    first = np.arange(0, height, group)
+    size = np.minimum(group, height - first)
+    at = (first + size / 2) * (rows / height) - 0.5
     return np.interp(at, np.arange(rows), per_row) * size
 
 
