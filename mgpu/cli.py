@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import signal
 import sys
@@ -18,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from . import __version__
 from .client.watch import Events
 from .errors import JobFailed, JobInputError
-from .lifetime import finish, resume_collection
+from .lifetime import finish, is_command, resume_collection
 from .memory import AllocatorChoice
 from .paths import check_folder, write_text
 from .security import client_security
@@ -689,6 +690,19 @@ def _wait_for_interrupt() -> None:
             signal.signal(sig, handler)
 
 
+def _spawn_without_the_script() -> None:
+    """Have the worker processes of a cluster this command starts skip the ``mgpu`` script.
+
+    A process multiprocessing spawns first imports its parent's main module: for the
+    ``mgpu`` script, mgpu's whole command line (rich, the result's table), in every
+    worker before its own start. Named as ``python -m mgpu`` names it (``mgpu.__main__``),
+    the main module is left out.
+    """
+    script = sys.modules.get("__main__")
+    if script is not None and getattr(script, "__spec__", None) is None and is_command():
+        script.__spec__ = importlib.util.find_spec("mgpu.__main__")
+
+
 def main() -> None:
     """Entry point of ``mgpu`` and ``python -m mgpu``.
 
@@ -696,6 +710,7 @@ def main() -> None:
     tasks and closes its cluster first (see :mod:`mgpu.signals`); click's own handling would
     print "Aborted!" and exit 1.
     """
+    _spawn_without_the_script()
     try:
         with cancel_on_signals():
             try:
