@@ -40,7 +40,13 @@ def test_latency_times_each_job_cold_and_on_a_running_cluster_beside_a_plain_scr
         row = next(row for row in record["summary"] if row["name"] == name)
         running = [r for r in runs if r["name"] == name and r["mode"] == "running"]
         assert row["overhead_s"] == statistics.median(r["wall_s"] - r["compute_s"] for r in running)
+        assert row["startup_s"]["cluster_s"] == statistics.median(r["startup"]["cluster_s"] for r in running)
+        assert set(row["startup_s"]) >= {"cluster_s", "plan_s", "warmup_s", "first_tile_s", "finish_s"}
         assert row["running_over_script"] == pytest.approx(row["running_s"] / alt["process_s"])
+    # Each running job is a submit of its own: the first warms the worker up, the second
+    # (the same small dot's kernels) finds it warm and sends no warm-up.
+    warmups = [next(row for row in record["summary"] if row["name"] == name)["warmups"] for name in names]
+    assert warmups == [[1], [0]]
     assert not (tmp_path / "out" / "cluster.json").exists()
 
 

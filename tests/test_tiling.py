@@ -8,6 +8,7 @@ import math
 from itertools import pairwise
 from pathlib import Path
 
+import dask.config
 import numpy as np
 import pytest
 import yaml
@@ -428,6 +429,29 @@ def test_the_estimates_counts_are_the_kernels_but_near_the_set():
     on_axis = np.array([-0.1, 0.2, -1.0, -1.2])
     assert (estimate_counts(on_axis, np.array([0.0]), 500) == 500).all()
     assert (mandelbrot_counts(np, on_axis, np.array([0.0]), 500) == 500).all()
+
+
+def test_the_coarse_counts_are_kept_for_later_plans_of_the_same_window(tmp_path, monkeypatch):
+    from mgpu.workloads.mandelbrot import workload
+
+    counted: list[int] = []
+    real = workload.estimate_counts
+    monkeypatch.setattr(workload, "estimate_counts", lambda x, y, steps: counted.append(steps) or real(x, y, steps))
+    p = MandelbrotParams(width=300, height=500, max_iter=90)
+    with dask.config.set({"mgpu.cache-dir": str(tmp_path)}):
+        workload._row_costs.cache_clear()
+        first = row_costs(p)
+        workload._row_costs.cache_clear()  # a later process: the folder keeps the counts
+        np.testing.assert_array_equal(row_costs(p), first)
+        assert counted == [90] and len(list((tmp_path / "row-costs").glob("*.npy"))) == 1
+        row_costs(MandelbrotParams(width=300, height=500, max_iter=90, xmin=-2.0))  # another window: counted
+        assert counted == [90, 90]
+        # A kept file that cannot be read is counted again.
+        for kept in (tmp_path / "row-costs").glob("*.npy"):
+            kept.write_bytes(b"not npy")
+        workload._row_costs.cache_clear()
+        np.testing.assert_array_equal(row_costs(p), first)
+        assert counted == [90, 90, 90]
 
 
 def test_spill_lets_the_smallest_tile_exceed_the_budget():

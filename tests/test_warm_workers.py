@@ -37,14 +37,26 @@ def _adds_up(result: Result) -> None:
     assert sum(parts) == pytest.approx(result.wall_s, rel=1e-9, abs=1e-9)  # type: ignore[arg-type]
 
 
-def test_a_warm_worker_gets_no_warm_up_and_a_new_shape_does(cluster):
+def test_a_warm_worker_gets_no_warm_up_and_a_new_shape_does(cluster, monkeypatch):
     matmul = {"workload": "matmul", "params": {"m": 64, "n": 48, "k": 32}, "tiling": {"m": 32}}
     with Client(cluster) as client:
         first, sent = _run(client, matmul)
         assert len(sent) == first.startup.warmups == 2  # both workers were cold
-        # The same job, and one of other operands but the same product: no warm-up task.
+        # The same job, and one of other operands but the same product: no warm-up task,
+        # and no round trip to the workers but the one that found them (on CPU workers
+        # the allocator's figures need none).
+        ran: list[str] = []
+        real_run = Client.run
+
+        def run(self: Client, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            ran.append(fn.__name__)
+            return real_run(self, fn, *args, **kwargs)
+
+        monkeypatch.setattr(Client, "run", run)
         again, sent = _run(client, matmul)
         assert sent == [] and again.startup.warmups == 0
+        assert ran == ["_describe"]
+        assert {row.allocator.kind for row in again.per_worker} == {"numpy"}
         other = {**matmul, "params": {"m": 64, "n": 48, "k": 32, "seed": 7}}
         _, sent = _run(client, other)
         assert sent == []

@@ -163,6 +163,10 @@ def _print_latency(rows: list[dict[str, Any]], console: Console) -> None:
             s(r["compute_s"]), s(r["overhead_s"], 1e3), s(r["client_s"]), s(r["verify_share"], fmt=".1%"),
         )  # fmt: skip
     console.print(table)
+    for r in rows:  # where a running cluster's wall_s went (medians), and the warm-ups sent
+        split = ", ".join(f"{k[:-2].replace('_', ' ')} {v * 1e3:.3g}" for k, v in r.get("startup_s", {}).items() if v)
+        if split:
+            console.print(f"{r['name']} on the running cluster, ms: {split}; warm-ups sent {r.get('warmups')}")
 
 
 @bench.command("suite", context_settings=_CONTEXT)

@@ -11,8 +11,9 @@ beside, in the same run, a plain CuPy script (NumPy on CPU workers) doing the sa
 one device as a user would write it: import, make the operands, compute, check where mgpu
 checks by a second product (matmul), copy the answer out. Each result's ``wall_s``,
 ``compute_s``, ``verify.seconds`` and ``startup`` are kept; the summary sets the command's
-time against the script's and gives the per-job overhead (``wall_s - compute_s``) and the
-client's own (the command's time beyond ``wall_s``).
+time against the script's and gives the per-job overhead (``wall_s - compute_s``), where
+it went (the ``startup`` fields' medians) and the client's own (the command's time beyond
+``wall_s``).
 """
 
 from __future__ import annotations
@@ -265,6 +266,12 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(kept) if kept else None
 
 
+def _startup_medians(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The median of each seconds field of the runs' ``startup``, by name."""
+    names = list(dict.fromkeys(k for r in runs for k in (r.get("startup") or {}) if k.endswith("_s")))
+    return {name: _median([(r.get("startup") or {}).get(name) for r in runs]) for name in names}
+
+
 def summarize(
     runs: list[dict[str, Any]], alternatives: dict[str, Any], todo: list[tuple[str, str, dict[str, Any]]]
 ) -> list[dict[str, Any]]:
@@ -293,8 +300,12 @@ def summarize(
                 "running_s": running_s,
                 "wall_s": _median([r["wall_s"] for r in running]),
                 "compute_s": _median([r["compute_s"] for r in running]),
-                # Between the job's start and its result, beyond its tiles: the per-job overhead.
+                # Between the job's start and its result, beyond its tiles: the per-job overhead,
+                # and where it went (each startup field's median: they add up to wall_s).
                 "overhead_s": _median([r["wall_s"] - r["compute_s"] for r in running]),
+                "startup_s": _startup_medians(running),
+                # Workers each run sent a warm-up (0: the worker was warm from a run before).
+                "warmups": [(r.get("startup") or {}).get("warmups") for r in running],
                 # The command beyond the job: the client's imports, connection and exit.
                 "client_s": _median([r["process_s"] - r["wall_s"] for r in running]),
                 "verify_s": _median([r["verify_s"] for r in checked]),

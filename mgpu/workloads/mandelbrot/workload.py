@@ -4,16 +4,19 @@ pixels counted again on its own device."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import os
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ... import config
 from ...errors import JobInputError
 from ...roofline import median_seconds
 from ...sizes import format_bytes
@@ -54,6 +57,8 @@ _TALLEST_BAND = 2
 _WARMUP_WIDTH = 8192
 # Row costs are estimated for at most this many groups of rows (see plan()).
 _COST_GROUPS = 1 << 16
+# The folder of mgpu's cache that keeps the coarse grids' counts, and how many it keeps.
+_ROW_COSTS, _ROW_COSTS_KEPT = "row-costs", 512
 # The square image and steps that measure the ceilings (side, max_iter), per backend. On a
 # CPU at least one whole piece of the kernel (MANDELBROT_PIECE pixels): a piece's
 # temporaries then take the allocator's path a band's do (with Dask's
@@ -374,7 +379,8 @@ def row_costs(p: MandelbrotParams, group: int = 1) -> np.ndarray:
     The counts of at most 256 x 128 points spread over the same window
     (:func:`~mgpu.workloads.mandelbrot.kernels.estimate_counts`), a row's mean
     interpolated to the middle of every row (or group) of the image, plus what a pixel
-    costs besides its steps. Kept for the process's later jobs of the same image.
+    costs besides its steps. The grid's counts are kept in mgpu's cache folder for later
+    plans of the same window and steps, and the costs for the process's later jobs.
     """
     return _row_costs(p.width, p.height, (p.xmin, p.xmax, p.ymin, p.ymax), p.max_iter, p.dtype, group).copy()
 
@@ -384,16 +390,49 @@ def _row_costs(
     width: int, height: int, bounds: tuple[float, float, float, float], max_iter: int, dtype: str, group: int
 ) -> np.ndarray:
     rows, cols = min(height, _ESTIMATE_ROWS), min(width, _ESTIMATE_COLS)
-    steps = min(max_iter, _ESTIMATE_MAX_ITER)
-    x, y = mandelbrot_axes(width=cols, height=rows, bounds=bounds, rows=(0, rows), dtype=dtype)
-    counts = estimate_counts(x, y, steps)
-    counts = np.where(counts >= steps, max_iter, counts)
-    per_row = (counts.mean(axis=1) + _PIXEL_STEPS) * width
+    per_row = (_coarse_means(rows, cols, bounds, max_iter, dtype) + _PIXEL_STEPS) * width
     # Image row i lies at (i + 0.5) / height of the window, as does coarse row j at (j + 0.5) / rows.
     first = np.arange(0, height, group)
     size = np.minimum(group, height - first)
     at = (first + size / 2) * (rows / height) - 0.5
     return np.interp(at, np.arange(rows), per_row) * size
+
+
+def _coarse_means(rows: int, cols: int, bounds: tuple[float, float, float, float], max_iter: int, dtype: str) -> Any:
+    """Each coarse row's mean count, from mgpu's cache folder where an earlier plan of the
+    same grid left it (a running cluster's submits each plan in a process of their own),
+    else counted and left there."""
+    steps = min(max_iter, _ESTIMATE_MAX_ITER)
+    key = f"v1|{rows}x{cols}|{bounds!r}|{steps}|{max_iter}|{dtype}"
+    path = config.load().ceilings_folder() / _ROW_COSTS / f"{hashlib.sha1(key.encode()).hexdigest()[:20]}.npy"
+    try:
+        kept = np.load(path)
+        if kept.shape == (rows,):
+            return kept
+    except (OSError, ValueError):
+        pass
+    x, y = mandelbrot_axes(width=cols, height=rows, bounds=bounds, rows=(0, rows), dtype=dtype)
+    counts = estimate_counts(x, y, steps)
+    means = np.where(counts >= steps, max_iter, counts).mean(axis=1)
+    _keep(path, means)
+    return means
+
+
+def _keep(path: Path, means: np.ndarray) -> None:
+    """Write ``means`` at ``path`` whole or not at all; past _ROW_COSTS_KEPT files the
+    oldest half go. A folder that cannot be written keeps nothing."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            np.save(f, means)
+        os.replace(tmp, path)
+        kept = sorted(path.parent.glob("*.npy"), key=lambda p: p.stat().st_mtime)
+        if len(kept) > _ROW_COSTS_KEPT:
+            for old in kept[: len(kept) // 2]:
+                old.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _sample(tile: Tile, width: int) -> tuple[range, int]:
