@@ -339,6 +339,12 @@ def test_a_map_let_go_drops_its_pages_in_pieces_and_keeps_the_file(tmp_path, mon
     transfer.drop_pages(mm)
     assert _rss_kib(address) == 0  # unmapping it now frees no page
     np.testing.assert_array_equal(mm, data)  # the file's bytes are where they were
+    shared = np.load(tmp_path / "a.npy", mmap_mode="r+")
+    shared[:4] = -2
+    transfer.drop_pages(shared)  # written pages: still in the file once dropped
+    assert _rss_kib(shared.ctypes.data) == 0
+    del shared
+    assert list(np.load(tmp_path / "a.npy")[:4]) == [-2, -2, -2, -2]
     private = np.load(tmp_path / "a.npy", mmap_mode="c")
     private[:4] = -1
     transfer.drop_pages(private)  # a private map's changes are its own: left alone

@@ -387,6 +387,9 @@ class NpySink:
             mm[rest] = block
         else:
             transfer.store(dev, mm[rest], block)
+        # A band's map is GiBs: unmapped at once, it would hold the map lock that the other
+        # threads' page faults (the next blocks' loads) wait on.
+        transfer.drop_pages(mm)
         del mm
 
     def _pwrite(self, offset: int, block: Any, dev: Device | None) -> None:
