@@ -535,11 +535,17 @@ def _close_within(seconds: float, client: Client | None, cluster: Any, *, quiet:
             with contextlib.suppress(Exception):
                 client.close(timeout=seconds)
         if cluster is not None:
+            logs = logging.getLogger("distributed")
+            level = logs.level
             if done:
+                # Each killed worker's comm closes under the scheduler here, which would
+                # log it with a traceback; the jobs are done and said all there is to say.
+                logs.setLevel(logging.CRITICAL)
                 with contextlib.suppress(Exception):
                     end_workers(cluster, END_S)
             with contextlib.suppress(Exception):
                 cluster.close(timeout=seconds)
+            logs.setLevel(level)  # a process that goes on (the Python API's) logs as it did
 
     closer = threading.Thread(target=close, name="mgpu-close", daemon=True)
     closer.start()
