@@ -292,6 +292,9 @@ def submit(
 
         read_versions_meanwhile()
         jobs = [load_job(f, overrides) for f in job_files]
+        from .connection import read_versions_ahead
+
+        read_versions_ahead()  # what connecting reports, read while the jobs are checked
         security = client_security(tls_ca_file, tls_cert, tls_key)
         if running is not None and not any(j.cluster.scheduler for j in jobs):
             jobs = _on_running_cluster(jobs, running, console)

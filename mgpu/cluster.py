@@ -25,6 +25,7 @@ import psutil
 from distributed import Client, LocalCluster, SpecCluster
 
 from . import config
+from .connection import send_promptly
 from .ending import end_workers, kill_processes, worker_processes
 from .errors import JobInputError
 from .gpus import nvml_gpus, visible_count
@@ -596,6 +597,8 @@ def open_cluster(
             # warning beside that says it again, for Dask's own users.
             logging.getLogger("distributed.nanny").setLevel(logging.ERROR)
             client = Client(cluster)
+        if not given:
+            send_promptly(client)
         # The task stream records only once its scheduler plugin exists, which opening a
         # dashboard page does; asking for it here keeps every task for a later look.
         stream = time.time() if rc.dashboard or rc.scheduler or given else None

@@ -14,10 +14,13 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import JobInputError
 from .sizes import format_bytes
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsLenAndGetItem
 
 __all__ = [
     "MAX_TILES",
@@ -29,6 +32,7 @@ __all__ = [
     "check_tiling_keys",
     "split",
     "split_by_cost",
+    "split_by_prefix",
     "split_by_size",
 ]
 
@@ -143,11 +147,17 @@ def split_by_cost(costs: Sequence[float], parts: int, max_size: int) -> list[tup
     ValueError
         If a cost is negative.
     """
-    n = len(costs)
-    if any(c < 0 for c in costs):
+    if len(costs) and min(costs) < 0:
         raise ValueError("costs: must be non-negative")
+    return split_by_prefix(list(accumulate(costs, initial=0.0)), parts, max_size)
+
+
+def split_by_prefix(prefix: SupportsLenAndGetItem[float], parts: int, max_size: int) -> list[tuple[int, int]]:
+    """:func:`split_by_cost` of the costs whose running sums, from 0, are ``prefix``
+    (``len(costs) + 1`` of them, non-decreasing): for costs summed already, such as a
+    NumPy array's ``cumsum``, which a large plan (65536 rows) sums in microseconds."""
+    n = len(prefix) - 1
     parts = max(1, min(parts, n))
-    prefix = list(accumulate(costs, initial=0.0))
     total = prefix[-1]
     if n == 0 or total <= 0:
         pieces = split(n, parts)

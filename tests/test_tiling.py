@@ -20,6 +20,7 @@ from mgpu.tiling import (
     check_tiling_keys,
     split,
     split_by_cost,
+    split_by_prefix,
     split_by_size,
 )
 from mgpu.worker.device import DeviceFacts
@@ -93,6 +94,17 @@ def test_split_by_cost_is_exact_near_equal_and_gives_the_parts_asked(n, parts):
         if parts < n / 4:  # cuts far enough apart for each to land at its own target
             got = _piece_costs(pieces, costs)
             assert np.abs(got - costs.sum() / parts).max() <= costs.max() + 1e-9
+
+
+@pytest.mark.parametrize("n", [0, 1, 97, 10_007])
+@pytest.mark.parametrize("max_size", [1, 500, 20_000])
+def test_split_by_prefix_of_summed_costs_cuts_as_split_by_cost(n, max_size):
+    costs = _bump(n) * (np.arange(n) % 7 != 0)  # some zeros
+    for parts in (1, 3, 32, 2000):
+        pieces = split_by_prefix(np.concatenate([[0.0], np.cumsum(costs)]), parts, max_size)
+        assert pieces == split_by_cost(costs.tolist(), parts, max_size)
+        _check_pieces(pieces, n)
+    assert split_by_prefix(np.zeros(n + 1), 3, max_size) == split_by_cost([0.0] * n, 3, max_size)
 
 
 def test_split_by_cost_balances_what_equal_lengths_do_not():

@@ -20,7 +20,7 @@ from ... import config
 from ...errors import JobInputError
 from ...roofline import median_seconds
 from ...sizes import format_bytes
-from ...tiling import Plan, Tile, check_tile_count, split_by_cost, split_by_size
+from ...tiling import Plan, Tile, check_tile_count, split_by_prefix, split_by_size
 from ...worker.device import Device, DeviceFacts
 from ...worker.sources import NpySink, check_output_path
 from ...worker.stores import output_sink
@@ -181,6 +181,7 @@ class Mandelbrot(Workload[MandelbrotParams], Estimates, Outputs):
         group = math.ceil(p.height / _COST_GROUPS)
         cost = row_costs(p, group)
         edges = np.minimum(np.arange(len(cost) + 1) * group, p.height)
+        before = np.concatenate([[0.0], np.cumsum(cost)])
         if tiling.get("rows") or "counts" in self.sinks:
             # Rows as asked. Or every count also goes to the host and into a file, which on
             # a GPU takes longer a pixel than ~1000 steps of counting: rows cost about the same.
@@ -192,9 +193,8 @@ class Mandelbrot(Workload[MandelbrotParams], Estimates, Outputs):
             # rows at once on one H200 stalled each other for 100-500 ms (their 4 GB
             # allocations, it seems); bands of 2048 never did.
             tallest = max(1, min(_TALLEST_BAND * rows, room // bytes_per_row))
-            pieces = split_by_cost(cost.tolist(), math.ceil(p.height / rows), max(1, tallest // group))
+            pieces = split_by_prefix(before, math.ceil(p.height / rows), max(1, tallest // group))
             bands = [(int(edges[lo]), int(edges[hi])) for lo, hi in pieces]
-        before = np.concatenate([[0.0], np.cumsum(cost)])
         lo_hi = np.array(bands, dtype=np.float64).reshape(-1, 2)
         costs = np.interp(lo_hi[:, 1], edges, before) - np.interp(lo_hi[:, 0], edges, before)
         tiles = [
