@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from . import __version__
 from .client.watch import Events
 from .errors import JobFailed, JobInputError
-from .lifetime import finish, is_command, resume_collection
+from .lifetime import end, finish, is_command, resume_collection
 from .memory import AllocatorChoice
 from .paths import check_folder, write_text
 from .security import client_security
@@ -724,6 +724,8 @@ def main() -> None:
             except click.ClickException as e:
                 e.show()
                 sys.exit(e.exit_code)
+    except SystemExit as e:
+        code = e.code
     finally:
         finish()
-    sys.exit(code if isinstance(code, int) else 0)
+    end(code if isinstance(code, (int, str)) or code is None else 0)

@@ -16,18 +16,25 @@ spent beyond its job. So:
 
 Imported as a library (a program, a notebook, a worker of a cluster mgpu joins), mgpu
 leaves the collector alone.
+
+Once its work is done, its files written and closed, the command ends at once
+(:func:`end`): the interpreter's teardown (Dask's exit handlers, module finalization)
+would only spend tens of milliseconds closing what mgpu closed already.
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import sys
-from typing import Any
+import threading
+from typing import Any, NoReturn
 
 __all__ = [
     "COLLECTOR_PRELOAD",
     "dask_setup",
+    "end",
     "finish",
     "is_command",
     "pause_collection",
@@ -71,6 +78,43 @@ def finish() -> None:
     walks nothing (the process ends; its memory goes with it)."""
     if is_command():
         gc.freeze()
+
+
+def end(code: int | str | None) -> NoReturn:
+    """End the command with ``code`` (as ``sys.exit`` takes it) once its work is done.
+
+    In the command, with its output flushed, the process ends at once (``os._exit``),
+    unless something the ordinary exit waits for or closes is still there: a thread that
+    is no daemon, a child process, a Dask cluster or client still open. Elsewhere (a
+    program calling mgpu's command line), and in those cases, it is ``sys.exit(code)``.
+    """
+    if not (is_command() and _nothing_left_open()):
+        sys.exit(code)
+    if not isinstance(code, int):  # as the interpreter ends on SystemExit("message") or SystemExit(None)
+        if code is not None:
+            print(code, file=sys.stderr)
+        code = 0 if code is None else 1
+    logging.shutdown()  # flushes every log handler
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more can reach it
+            pass
+    os._exit(code)
+
+
+def _nothing_left_open() -> bool:
+    """Whether the interpreter's own exit has nothing to wait for or close: no thread that
+    is no daemon but the main one, no child process, no Dask cluster or client open."""
+    if any(t.is_alive() and not t.daemon and t is not threading.main_thread() for t in threading.enumerate()):
+        return False
+    if "multiprocessing" in sys.modules and sys.modules["multiprocessing"].active_children():
+        return False
+    spec = sys.modules.get("distributed.deploy.spec")
+    if spec is not None and len(spec.SpecCluster._instances):
+        return False
+    client = sys.modules.get("distributed.client")
+    return client is None or all(c.status == "closed" for c in list(client.Client._instances))
 
 
 def dask_setup(worker: Any) -> None:

@@ -145,3 +145,51 @@ def test_a_worker_mgpu_joins_keeps_its_collector():
         assert all(s["enabled"] for s in client.run(_collector).values())
         client.register_plugin(RuntimeSetup("cpu"))
         assert [s["frozen"] for s in client.run(_collector).values()] == [0, 0]
+
+
+def ended(started_as: str, code: str, tmp_path) -> subprocess.CompletedProcess[str]:
+    """An interpreter started as ``started_as`` says that registers an exit handler, prints
+    a line (buffered: its output is a pipe) and runs ``code``."""
+    script = (
+        f"import atexit, sys, threading, time\n{started_as}\n"
+        "atexit.register(lambda: print('exit handler ran', flush=True))\n"
+        "print('result line')\n"
+        f"{textwrap.dedent(code)}\n"
+    )
+    return subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+
+def test_the_command_ends_at_once_with_its_output_flushed(tmp_path):
+    proc = ended(COMMAND, "from mgpu.lifetime import end\nend(3)", tmp_path)
+    assert proc.returncode == 3
+    assert proc.stdout == "result line\n"  # flushed; the interpreter's teardown never ran
+    proc = ended(COMMAND, "from mgpu.lifetime import end\nend('mgpu: failed')", tmp_path)
+    assert (proc.returncode, proc.stderr) == (1, "mgpu: failed\n")
+
+
+def test_the_command_exits_the_ordinary_way_while_something_still_runs(tmp_path):
+    code = """
+    from mgpu.lifetime import end
+    threading.Thread(target=lambda: (time.sleep(0.3), print('thread done', flush=True))).start()
+    end(4)
+    """
+    proc = ended(COMMAND, code, tmp_path)
+    assert proc.returncode == 4
+    assert proc.stdout.splitlines() == ["result line", "thread done", "exit handler ran"]
+
+
+def test_the_command_exits_the_ordinary_way_while_a_dask_client_is_open(tmp_path):
+    code = """
+    from distributed import Client
+    from mgpu.lifetime import end
+    client = Client(processes=False, n_workers=1, threads_per_worker=1, dashboard_address=None)
+    end(5)
+    """
+    proc = ended(COMMAND, code, tmp_path)
+    assert proc.returncode == 5
+    assert "exit handler ran" in proc.stdout
+
+
+def test_a_program_ending_through_mgpu_exits_the_ordinary_way(tmp_path):
+    proc = ended(LIBRARY, "from mgpu.lifetime import end\nend(3)", tmp_path)
+    assert (proc.returncode, proc.stdout) == (3, "result line\nexit handler ran\n")
