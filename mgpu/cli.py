@@ -292,12 +292,14 @@ def submit(
 
         read_versions_meanwhile()
         jobs = [load_job(f, overrides) for f in job_files]
-        from .connection import read_versions_ahead
+        joins = running if running is not None and not any(j.cluster.scheduler for j in jobs) else None
+        from .connection import ahead
 
-        read_versions_ahead()  # what connecting reports, read while the jobs are checked
+        # The connection to the running cluster (else what connecting reports), made while the jobs are checked.
+        ahead(joins.address if joins is not None and not (tls_ca_file or tls_cert or tls_key) else None)
         security = client_security(tls_ca_file, tls_cert, tls_key)
-        if running is not None and not any(j.cluster.scheduler for j in jobs):
-            jobs = _on_running_cluster(jobs, running, console)
+        if joins is not None:
+            jobs = _on_running_cluster(jobs, joins, console)
         if all(j.cluster.scheduler for j in jobs):
             _client_only()
         from .client.preflight import check_written  # after _client_only: it imports Dask's client

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import ipaddress
 import json
@@ -25,7 +26,7 @@ import psutil
 from distributed import Client, LocalCluster, SpecCluster
 
 from . import config
-from .connection import send_promptly
+from .connection import send_promptly, take_ahead
 from .ending import end_workers, kill_processes, worker_processes
 from .errors import JobInputError
 from .gpus import nvml_gpus, visible_count
@@ -117,8 +118,9 @@ class ClusterInfo:
         kinds = {f.backend for f in self.devices.values()}
         return kinds.pop() if len(kinds) == 1 else "mixed"
 
-    @property
+    @functools.cached_property
     def dashboard_link(self) -> str | None:
+        # Asked once: Dask's client asks the scheduler each time.
         try:
             return self.client.dashboard_link if self.resolved.dashboard or not self.owned else None
         except Exception:
@@ -487,6 +489,10 @@ def describe_workers(client: Client) -> dict[str, DeviceFacts]:
 
 def _join(rc: ResolvedCluster, security: Any) -> Client:
     try:
+        # The connection the command began while it checked the jobs (plain TCP only).
+        client = take_ahead(rc.scheduler) if security is None else None  # type: ignore[arg-type]
+        if client is not None:
+            return client
         if os.path.isfile(rc.scheduler):  # type: ignore[arg-type]
             return Client(scheduler_file=rc.scheduler, security=security)
         return Client(rc.scheduler, security=security)
@@ -623,17 +629,19 @@ def open_cluster(
         if not found.devices:
             where = f"the scheduler at {rc.scheduler}" if rc.scheduler else "the cluster of the client given"
             raise JobInputError(f"cluster.scheduler: {where} has no workers")
-        # Workers started without the resource (a joined cluster's) run tiles one per thread.
-        yield ClusterInfo(
-            client,
-            rc,
-            owned=cluster is not None,
-            devices=found.devices,
-            spills=rc.spill == "managed",
-            slots=found.slots,
-            software=found.software,
-            warmed=found.warmed,
-        )
+        # The client Dask's own calls find (distributed.wait): one connected ahead is no default.
+        with contextlib.nullcontext() if given else client.as_current():
+            # Workers started without the resource (a joined cluster's) run tiles one per thread.
+            yield ClusterInfo(
+                client,
+                rc,
+                owned=cluster is not None,
+                devices=found.devices,
+                spills=rc.spill == "managed",
+                slots=found.slots,
+                software=found.software,
+                warmed=found.warmed,
+            )
     finally:
         # Stopped (Ctrl-C, SIGTERM: signals.Interrupted) or failed: tiles may still be running.
         stopped = sys.exc_info()[1] is not None

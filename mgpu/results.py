@@ -99,8 +99,10 @@ class Startup(BaseModel):
     finished tile, and after the last. The seconds add up to the job's ``wall_s`` (those
     absent from results written before they were recorded aside)."""
 
-    # Starting (or joining) the cluster and setting its workers up; after the first job of
-    # a submit, the round trip that finds the workers (and which are warm) for this one.
+    # Starting (or joining) the cluster and setting its workers up (of a connection to a
+    # running cluster, begun while the command checked the jobs, what was left to wait for);
+    # after the first job of a submit, the round trip that finds the workers (and which are
+    # warm) for this one.
     cluster_s: float
     ceilings_s: float  # the devices' ceilings, read from the cache or measured
     plan_s: float

@@ -65,6 +65,12 @@ def test_a_submit_runs_on_the_cluster_up_started_and_down_leaves_no_process(tmp_
             workers = set(client.scheduler_info(n_workers=-1)["workers"])
         result = json.loads(out.read_text())
         assert result["startup"]["cluster_s"] < 2 and {d["worker"] for d in result["per_device"]} == workers
+        # Refused after its connection to the cluster was begun: the message alone, nothing else.
+        refused = _mgpu(cache, "submit", job, "--json", tmp_path / "missing" / "result.json")
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert refused.stderr.strip().splitlines() == [
+            f"mgpu: error: --json: the folder '{tmp_path / 'missing'}' does not exist"
+        ]
         # A submit to the running cluster imports no GPU library in the client, though one is
         # there: not even while its job loads (Mandelbrot's workload imports Dask's client).
         env = {**stand_ins(tmp_path / "site"), "DASK_MGPU__CACHE_DIR": str(cache)}

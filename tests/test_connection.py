@@ -1,5 +1,7 @@
-"""A client mgpu makes sends what it submits at once, not after Dask's batching interval,
-and reads the versions it reports on connecting ahead of time, on a thread of its own."""
+"""A client mgpu makes sends what it submits at once, not after Dask's batching interval;
+the connection to a running cluster, and the versions a client reports on connecting, are
+made ahead, on threads of their own, and a connection made ahead that no job takes is
+closed as the process ends."""
 
 from __future__ import annotations
 
@@ -9,11 +11,16 @@ import sys
 import time
 from typing import Any
 
+import dask.config
 import distributed.versions
+import pytest
 from distributed import Client
 
+from mgpu import cluster as cluster_module
+from mgpu import connection
 from mgpu.cluster import open_cluster, resolve_cluster
-from mgpu.connection import PROMPT_S, read_versions_ahead, send_promptly
+from mgpu.connection import PROMPT_S, connect_ahead, read_versions_ahead, send_promptly, take_ahead
+from mgpu.errors import JobInputError
 from mgpu.spec import ClusterSpec
 
 
@@ -77,3 +84,53 @@ def test_nothing_is_read_ahead_before_dask_is_imported():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_the_job_joins_with_the_connection_begun_ahead(cluster, monkeypatch):
+    address = cluster.scheduler_address
+    assert connect_ahead(address) is not None
+
+    def second_connection(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the job connected again")
+
+    monkeypatch.setattr(cluster_module, "Client", second_connection)
+    with open_cluster(resolve_cluster(ClusterSpec(scheduler=address))) as info:
+        assert len(info.devices) == 2
+        client = info.client
+        assert Client.current() is client  # what Dask's own calls (distributed.wait) use
+    assert client.status == "closed"  # the job's, closed with it as a client it made
+    assert take_ahead(address) is None  # taken once
+
+
+def test_a_connection_that_failed_ahead_fails_the_job_as_connecting_then_would():
+    address = "tcp://127.0.0.1:9"  # nothing listens there
+    with dask.config.set({"distributed.comm.timeouts.connect": "0.5s"}):
+        connect_ahead(address)
+        with (
+            pytest.raises(JobInputError, match=r"cluster.scheduler: could not connect to tcp://127.0.0.1:9"),
+            open_cluster(resolve_cluster(ClusterSpec(scheduler=address))),
+        ):
+            pass
+    assert take_ahead(address) is None
+
+
+def test_a_connection_made_ahead_that_no_job_took_is_closed(cluster):
+    thread = connect_ahead(cluster.scheduler_address)
+    assert thread is not None
+    thread.join(timeout=30)
+    client = connection._ahead().pending[cluster.scheduler_address].client
+    assert client is not None and client.status == "running"
+    connection._ahead().close()  # as the process ends
+    assert client.status == "closed" and not connection._ahead().pending
+
+
+def test_a_process_that_connected_ahead_and_ran_no_job_ends_quietly(cluster):
+    code = (
+        "import sys, distributed\n"
+        "from mgpu.connection import connect_ahead\n"
+        f"connect_ahead({cluster.scheduler_address!r}).join()\n"
+        "print('connected')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "connected"
+    assert out.stderr == ""
