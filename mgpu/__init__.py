@@ -14,6 +14,10 @@ from .lifetime import pause_collection
 
 pause_collection()  # the command only: its imports run faster without the collector
 
+from .forkserver import start_for_command  # noqa: E402
+
+start_for_command()  # the command only: a submit's workers import their libraries while it starts
+
 from .signals import exit_on_signals_while_starting  # noqa: E402
 
 exit_on_signals_while_starting()  # the command only: a Ctrl-C during its imports is one line

@@ -341,6 +341,9 @@ def _client_only() -> None:
     for name in ("rmm", "pynvml"):
         if name not in sys.modules:
             sys.modules[name] = None  # type: ignore[assignment]  # an import of it raises ImportError
+    from .forkserver import stop
+
+    stop()  # no workers of its own to fork
 
 
 def _running_cluster() -> Any:

@@ -29,6 +29,7 @@ from . import config
 from .connection import send_promptly, take_ahead
 from .ending import end_workers, kill_processes, worker_processes
 from .errors import JobInputError
+from .forkserver import forking
 from .gpus import nvml_gpus, visible_count
 from .lifetime import COLLECTOR_PRELOAD
 from .memory import AllocatorChoice, rmm_options
@@ -526,7 +527,8 @@ def _start(rc: ResolvedCluster) -> Any:
     with warnings.catch_warnings():
         # A taken dashboard port moves to a free one; the address printed is the real one.
         warnings.filterwarnings("ignore", message="Port .* is already in use", category=UserWarning)
-        return _start_cuda(rc) if rc.backend == "cuda" else _start_cpu(rc)
+        with forking():  # from the command's fork server, where it started one
+            return _start_cuda(rc) if rc.backend == "cuda" else _start_cpu(rc)
 
 
 def _close_within(seconds: float, client: Client | None, cluster: Any, *, quiet: bool, done: bool = False) -> None:

@@ -29,7 +29,7 @@ from mgpu.ending import end_workers  # noqa: E402
 def _state(dask_worker: Any = None) -> dict[str, Any]:
     import gc
 
-    return {"pid": os.getpid(), "collecting": gc.isenabled(), "frozen": gc.get_freeze_count()}
+    return {"pid": os.getpid(), "ppid": os.getppid(), "collecting": gc.isenabled(), "frozen": gc.get_freeze_count()}
 
 
 class _Watch(mgpu.Events):
@@ -89,3 +89,38 @@ def test_the_matmul_ceiling_is_timed_after_the_sustain_window(monkeypatch):
         rates = roofline.measure_ceilings(["matmul:gemm_float32"], _cuda_device())
     assert calls == ["busy 0.2", "median first=False"]
     assert set(rates) == {"gemm_float32"} and rates["gemm_float32"] > 1  # TFLOP/s: any GPU of this decade
+
+
+def _uses_cuda(pid: int) -> bool:
+    """Whether process ``pid`` has CUDA's unified-memory device open (a context opens it; NVML does not)."""
+    links = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass  # closed meanwhile
+    return any("nvidia-uvm" in link for link in links)
+
+
+def test_gpu_workers_forked_from_the_server_make_their_own_context(tmp_path):
+    from mgpu import forkserver
+
+    forkserver.start()
+    try:
+        server = forkserver._server()._forkserver_pid
+        job = write_job(
+            tmp_path / "matmul.yaml",
+            {
+                "workload": "matmul",
+                "params": {"m": 4096, "n": 4096, "k": 4096},
+                "cluster": {"backend": "cuda", "devices": 1, "workers_per_device": 2, "dashboard": None},
+            },
+        )
+        watch = _Watch()
+        result = mgpu.run(job, events=watch)
+        assert result.status == "ok"
+        assert [w["ppid"] for w in watch.workers] == [server, server]
+        # The server imported CuPy, RMM and dask-cuda without a CUDA context of its own.
+        assert not _uses_cuda(server)
+    finally:
+        forkserver.stop()
