@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .base import Workload
 
-__all__ = ["ENTRY_POINT_GROUP", "get_workload_class", "workload_names"]
+__all__ = ["ENTRY_POINT_GROUP", "builtin_names", "get_workload_class", "workload_names"]
 
 ENTRY_POINT_GROUP = "mgpu.workloads"
 
@@ -26,6 +26,11 @@ _BUILTIN = {
 
 def _plugins() -> dict[str, object]:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in _BUILTIN}
+
+
+def builtin_names() -> list[str]:
+    """mgpu's own workloads, sorted (no installed package is looked at)."""
+    return sorted(_BUILTIN)
 
 
 def workload_names() -> list[str]:
