@@ -22,7 +22,10 @@ from .signals import exit_on_signals_while_starting  # noqa: E402
 
 exit_on_signals_while_starting()  # the command only: a Ctrl-C during its imports is one line
 
-from . import config  # noqa: E402  # registers mgpu.yaml's defaults with Dask, as importing distributed does its own
+from .imports import lighter_imports  # noqa: E402
+
+with lighter_imports():  # the command only: Dask's YAML through libyaml, without its notebook templates
+    from . import config  # noqa: E402  # registers mgpu.yaml's defaults with Dask, as importing distributed does its own
 from .errors import JobFailed, JobInputError  # noqa: E402
 
 __version__ = "0.1.0"
