@@ -47,6 +47,9 @@ class _Reporter(Events):
 
     def cluster_ready(self, info: Any) -> None:
         resume_collection()  # the client's imports and the cluster's start are done
+        if self.console.quiet:  # rendered, a line would cost the job's wall time for nothing
+            _tell_dashboard(self.console, info)  # (its warnings are printed all the same)
+            return
         n = len(info.devices)
         if info.backend == "cpu":
             where = f"{n} CPU worker{'s' * (n != 1)} with NumPy"
@@ -60,6 +63,8 @@ class _Reporter(Events):
         _tell_dashboard(self.console, info)
 
     def planned(self, plan: Any) -> None:
+        if self.console.quiet:
+            return
         self.console.print(f"mgpu: plan: {plan.describe()}")
         expected = plan.notes.get("estimate")
         if expected:
@@ -130,7 +135,7 @@ def _tell_dashboard(console: Console, info: Any, note: str = "") -> None:
 
     bound = info.dashboard_address
     if bound is None:
-        if info.dashboard_link:
+        if not console.quiet and info.dashboard_link:  # a joined cluster's: the scheduler is asked
             console.print(f"mgpu: dashboard {info.dashboard_link}{note}", soft_wrap=True)
         return
     address, link = bound

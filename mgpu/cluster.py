@@ -131,8 +131,10 @@ class ClusterInfo:
     def dashboard_address(self) -> tuple[str, str] | None:
         """Where the dashboard of a cluster mgpu started listens (``HOST:PORT`` as bound, the
         port the real one if the asked one was taken) and the link to open; None if off."""
+        if not self.owned or not self.resolved.dashboard:
+            return None
         link = self.dashboard_link
-        if link is None or not self.owned or not self.resolved.dashboard:
+        if link is None:
             return None
         host = self.resolved.dashboard.rpartition(":")[0] or "127.0.0.1"
         port = urlsplit(link).port
