@@ -234,12 +234,12 @@ def test_a_random_tile_runs_in_row_pieces_on_a_gpu_only():
     ]
     assert overlap.pieces_of(2 * overlap.MIN_PIECE_ROWS - 1) == [(0, 2 * overlap.MIN_PIECE_ROWS - 1)]
     assert len(overlap.pieces_of(100 * overlap.MIN_PIECE_ROWS)) == overlap.PIECES
-    job = Matmul(MatmulParams(m=8192, n=64, k=64, precision="tf32"))
-    tile = Tile(0, {"m": (0, 8192), "n": (0, 64)}, args={"tk": 64})
+    job = Matmul(MatmulParams(m=32768, n=64, k=64, precision="tf32"))
+    tile = Tile(0, {"m": (0, 32768), "n": (0, 64)}, args={"tk": 64})
     cpu = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h"))
     gpu = Device("cuda", None, DeviceFacts("cuda", 0, "gpu", 1 << 30, 1 << 30, "h"))
     assert not overlap.applies(job, cpu, tile) and overlap.applies(job, gpu, tile)
-    split_k = Tile(0, {"m": (0, 8192), "n": (0, 64)}, args={"tk": 32})
+    split_k = Tile(0, {"m": (0, 32768), "n": (0, 64)}, args={"tk": 32})
     assert not overlap.applies(job, gpu, split_k)  # k in blocks: the tile reads them one by one
 
 
@@ -259,8 +259,8 @@ def test_only_a_product_on_tensor_cores_runs_in_row_pieces(dtype, precision, pie
     from mgpu.worker.device import Device, DeviceFacts
     from mgpu.workloads.matmul import Matmul, MatmulParams, overlap
 
-    job = Matmul(MatmulParams(m=8192, n=64, k=64, dtype=dtype, precision=precision))
-    tile = Tile(0, {"m": (0, 8192), "n": (0, 64)}, args={"tk": 64})
+    job = Matmul(MatmulParams(m=32768, n=64, k=64, dtype=dtype, precision=precision))
+    tile = Tile(0, {"m": (0, 32768), "n": (0, 64)}, args={"tk": 64})
     gpu = Device("cuda", None, DeviceFacts("cuda", 0, "gpu", 1 << 30, 1 << 30, "h"))
     assert overlap.on_tensor_cores(dtype, precision) is pieces
     assert overlap.applies(job, gpu, tile) is pieces
