@@ -94,6 +94,9 @@ def end(code: int | str | None) -> NoReturn:
         if code is not None:
             print(code, file=sys.stderr)
         code = 0 if code is None else 1
+    server = sys.modules.get("mgpu.forkserver")
+    if server is not None:
+        server.stop()  # as its exit handler would: one still importing would go on until done
     logging.shutdown()  # flushes every log handler
     for stream in (sys.stdout, sys.stderr):
         try:

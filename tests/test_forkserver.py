@@ -112,6 +112,28 @@ def test_the_command_starts_the_server_only_for_a_submit_that_may_start_a_cluste
     assert started == ([True] if starts else [])
 
 
+@pytest.mark.parametrize(
+    ("argv", "record", "starts"),
+    [
+        (["submit", "job.yaml"], "alive", False),  # it joins the cluster mgpu cluster up started
+        (["submit", "--own-cluster", "job.yaml"], "alive", True),
+        (["submit", "job.yaml"], "ended", True),  # a stale record: no cluster to join
+        (["submit", "job.yaml"], "unreadable", True),
+    ],
+)
+def test_a_submit_that_will_join_the_cluster_up_starts_no_server(monkeypatch, tmp_path, argv, record, starts):
+    started: list[bool] = []
+    monkeypatch.setattr("mgpu.lifetime.is_command", lambda: True)
+    monkeypatch.setattr(forkserver, "start", lambda: started.append(True))
+    monkeypatch.setenv("DASK_MGPU__CACHE_DIR", str(tmp_path))
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    pid = {"alive": os.getpid(), "ended": ended.pid}.get(record)
+    (tmp_path / "cluster.json").write_text(json.dumps({"pid": pid}) if pid else "{")
+    assert forkserver.start_for_command(argv) is starts
+    assert started == ([True] if starts else [])
+
+
 def test_a_program_importing_mgpu_starts_no_server(monkeypatch):
     monkeypatch.setattr(forkserver, "start", lambda: pytest.fail("started a server"))
     assert not forkserver.start_for_command(["submit", "job.yaml"])

@@ -13,6 +13,7 @@ import sys
 import textwrap
 from typing import Any
 
+import psutil
 import pytest
 from distributed import Client
 
@@ -193,3 +194,18 @@ def test_the_command_exits_the_ordinary_way_while_a_dask_client_is_open(tmp_path
 def test_a_program_ending_through_mgpu_exits_the_ordinary_way(tmp_path):
     proc = ended(LIBRARY, "from mgpu.lifetime import end\nend(3)", tmp_path)
     assert (proc.returncode, proc.stdout) == (3, "result line\nexit handler ran\n")
+
+
+def test_the_command_ending_at_once_stops_its_fork_server(tmp_path):
+    code = """
+    from mgpu import forkserver
+    from mgpu.lifetime import end
+    forkserver.start()
+    print(forkserver._server()._forkserver_pid, flush=True)
+    end(0)
+    """
+    proc = ended(COMMAND, code, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    server = int(proc.stdout.splitlines()[-1])
+    # Ended with the command, not once its imports are done.
+    assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
