@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -159,4 +160,29 @@ def test_a_submit_that_starts_its_cluster_forks_its_workers_and_leaves_no_proces
         proc.wait(timeout=60)
     assert json.loads((tmp_path / "r.json").read_text())["status"] == "ok", said.read_text()
     _, alive = psutil.wait_procs(everything, timeout=10)
+    assert alive == [], [p.cmdline() for p in alive]
+
+
+def _marked(mark: str) -> list[psutil.Process]:
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("MGPU_TEST_MARK") == mark:
+                out.append(proc)
+        except psutil.Error:
+            pass
+    return out
+
+
+def test_a_submit_refused_at_once_leaves_no_server_importing(tmp_path):
+    mark = str(uuid.uuid4())
+    env = {**os.environ, "MGPU_TEST_MARK": mark}
+    cmd = [sys.executable, "-m", "mgpu", "submit", str(tmp_path / "missing.yaml")]
+    said = tmp_path / "stderr.txt"
+    with open(said, "w") as err:  # a file: a pipe would be read until the server, holding it too, ended
+        done = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err, timeout=60)
+    assert done.returncode == 2, said.read_text()
+    assert "Traceback" not in said.read_text()
+    # The server the command started, still importing when it ended, ended with it.
+    _, alive = psutil.wait_procs(_marked(mark), timeout=0)
     assert alive == [], [p.cmdline() for p in alive]
