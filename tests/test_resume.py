@@ -37,8 +37,10 @@ def _grid(seed: int) -> np.ndarray:
 
 
 def _stencil_job(tmp_path: Path, seed: int) -> Path:
-    # Two bands per worker: bands 0-1 on worker 0, 2-3 on worker 1, ...
+    # Two bands per worker: bands 0-1 on worker 0, 2-3 on worker 1, ...; one sweep per
+    # exchange, so that the job's steps are its sweeps.
     params = {"height": HEIGHT, "width": WIDTH, "steps": STEPS, "seed": seed, "bands_per_device": 2}
+    params["sweeps_per_exchange"] = 1
     return write_job(
         tmp_path / "job.yaml",
         {"workload": "stencil", "params": {**params, "output": str(tmp_path / "grid.npy")}},

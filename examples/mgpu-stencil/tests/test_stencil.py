@@ -7,6 +7,7 @@ import logging
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from mgpu.worker.device import Device, DeviceFacts
 from mgpu.worker.exchange import PeerBuffers
 from mgpu.worker.kernels import random_block
 from mgpu.workloads import get_workload_class, workload_names
+from mgpu.workloads.base import TileRecord
 
 HERE = Path(__file__).resolve().parents[1]
 
@@ -87,22 +89,52 @@ def test_bands_exchanging_halo_rows_give_the_whole_grids_sweep(dtype):
 
 def test_plan_gives_each_band_its_neighbours_and_the_steps():
     devices = {f"w{i}": DeviceFacts("cpu", i, "cpu", 1 << 30, 1 << 30, "h") for i in range(3)}
-    wl = Stencil(StencilParams(height=100, width=10, steps=7, bands_per_device=2))
+    wl = Stencil(StencilParams(height=100, width=10, steps=7, bands_per_device=2, sweeps_per_exchange=3))
     plan = wl.plan(devices, 1 << 30, {})
-    assert plan.steps == 7 and plan.placement == "static"
+    assert plan.steps == 3 and plan.placement == "static"  # 3 + 3 + 1 sweeps
     assert [t.bounds["rows"] for t in plan.tiles] == [(i * 100 // 6, (i + 1) * 100 // 6) for i in range(6)]
     assert [t.neighbours for t in plan.tiles] == [(1,), (0, 2), (1, 3), (2, 4), (3, 5), (4,)]
     assert [t.worker for t in plan.tiles] == ["w0", "w0", "w1", "w1", "w2", "w2"]
+    assert {t.args["depth"] for t in plan.tiles} == {3}
     with pytest.raises(JobInputError, match="cluster.memory_limit"):
         wl.plan(devices, 1000, {})
 
 
-def test_a_job_on_cpu_workers_writes_numpys_sweep(tmp_path, scheduler):
+@pytest.mark.parametrize(
+    "height,bands,steps,depth,want",
+    [
+        (100, 6, 200, "auto", 16),  # the shortest band's rows
+        (6400, 2, 200, "auto", 32),  # the most auto gives
+        (6400, 2, 7, "auto", 7),  # the steps
+        (10, 1, 200, "auto", 10),
+        (10, 1, 200, 50, 50),  # one band sends nothing: any depth
+        (10, 1, 20, 50, 20),  # never more than the steps
+        (100, 6, 200, 16, 16),
+    ],
+)
+def test_the_sweeps_per_exchange(height, bands, steps, depth, want):
+    cpu = {"w": DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h")}
+    params = StencilParams(height=height, width=8, steps=steps, bands_per_device=bands, sweeps_per_exchange=depth)
+    plan = Stencil(params).plan(cpu, 1 << 30, {})
+    assert {t.args["depth"] for t in plan.tiles} == {want}
+    assert plan.steps == -(-steps // want)
+
+
+def test_halos_deeper_than_a_band_are_refused_naming_the_key():
+    cpu = {"w": DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h")}
+    params = StencilParams(height=100, width=8, steps=50, bands_per_device=6, sweeps_per_exchange=17)
+    with pytest.raises(
+        JobInputError, match=r"params.sweeps_per_exchange: 17 .* shortest band has 16; allowed: 1 to 16"
+    ):
+        Stencil(params).plan(cpu, 1 << 30, {})
+
+
+# Bands of 15 rows on two workers, exchanging after every sweep or every 4 (4 + 4 + 4 + 1).
+@pytest.mark.parametrize("depth", [1, 4])
+def test_a_job_on_cpu_workers_writes_numpys_sweep(tmp_path, scheduler, depth):
     out = tmp_path / "grid.npy"
-    doc = {
-        "workload": "stencil",
-        "params": {"height": 61, "width": 37, "steps": 13, "seed": 4, "bands_per_device": 2, "output": str(out)},
-    }
+    params = {"height": 61, "width": 37, "steps": 13, "seed": 4, "bands_per_device": 2, "output": str(out)}
+    doc = {"workload": "stencil", "params": {**params, "sweeps_per_exchange": depth}}
     res = _submit(tmp_path, doc, "--scheduler", scheduler)
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads((tmp_path / "out.json").read_text())
@@ -146,6 +178,11 @@ def test_a_grid_from_a_zarr_store_to_a_zarr_store(tmp_path, scheduler):
         ({"height": 10, "width": 10, "dtype": "float16"}, ["params.dtype:", "float32", "float64"]),
         ({"width": 10}, ["params.height: required when input is random"]),
         ({"height": 10, "width": 10, "halo": 2}, ["params.halo: unknown key"]),
+        (
+            {"height": 10, "width": 10, "sweeps_per_exchange": 0},
+            ["params.sweeps_per_exchange: 0;", "1 or more", "auto"],
+        ),
+        ({"height": 10, "width": 10, "sweeps_per_exchange": "all"}, ["params.sweeps_per_exchange: 'all';"]),
     ],
 )
 def test_bad_params_exit_2(tmp_path, params, needles):
@@ -169,17 +206,26 @@ def test_the_example_job_file_is_valid_and_small():
 
 
 def resumed_sweep(
-    folder: Path, dev: Device, grid: np.ndarray, steps: int, save_at: int, other: Device | None = None
+    folder: Path,
+    dev: Device,
+    grid: np.ndarray,
+    steps: int,
+    save_at: int,
+    other: Device | None = None,
+    *,
+    depth: int = 1,
 ) -> np.ndarray:
-    """``steps`` steps of ``grid`` (saved in ``folder``) in three bands on ``dev``, each band
-    saved after ``save_at`` steps, restored (on ``other`` where given) and stepped on to the
-    end; the bands joined."""
+    """``steps`` sweeps of ``grid`` (saved in ``folder``) in three bands on ``dev``, exchanging
+    every ``depth`` sweeps, each band saved after ``save_at`` steps (of ``depth`` sweeps),
+    restored (on ``other`` where given) and stepped on to the end; the bands joined."""
     np.save(grid_file := folder / "g.npy", grid)
-    wl = Stencil(StencilParams(input={"grid": str(grid_file)}, steps=steps, bands_per_device=3))
+    params = StencilParams(input={"grid": str(grid_file)}, steps=steps, bands_per_device=3, sweeps_per_exchange=depth)
+    wl = Stencil(params)
     plan = wl.plan({"w": dev.facts}, 1 << 30, {})
+    assert 0 < save_at < plan.steps
 
     def run(store: routine.StepStore, on: Device, first: int, last: dict, save: int = 0) -> dict:
-        for step in range(first, steps):
+        for step in range(first, plan.steps):
             last = {
                 t.index: routine.step_tile(
                     wl,
@@ -209,8 +255,99 @@ def resumed_sweep(
     return np.concatenate([r.extra["band"] for r in records])
 
 
+CPU = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h"))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_bands_saved_and_restored_step_on_to_numpys_sweep(tmp_path, dtype):
-    cpu = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h"))
+@pytest.mark.parametrize("depth,save_at", [(1, 4), (3, 2), (4, 1)])
+def test_bands_saved_and_restored_step_on_to_numpys_sweep(tmp_path, dtype, depth, save_at):
+    # Bands of 9-10 rows; 9 sweeps of 3 + 3 + 3 or 4 + 4 + 1.
     grid = _grid(29, 13, seed=6, dtype=dtype)
-    np.testing.assert_array_equal(resumed_sweep(tmp_path, cpu, grid, 9, 4), sweep(grid, 9))
+    got = resumed_sweep(tmp_path, CPU, grid, 9, save_at, depth=depth)
+    np.testing.assert_array_equal(got, sweep(grid, 9))
+
+
+def stepped_sweep(wl: Stencil, dev: Device) -> list[TileRecord]:
+    """Every band of ``wl``'s job on ``dev``, stepped as the core steps them (each step of
+    a band after its neighbours' step before; one step: no steps, the tile alone)."""
+    plan = wl.plan({"w": dev.facts}, 1 << 30, {})
+    store, last = routine.StepStore(), {}
+    if plan.steps > 1:
+        for step in range(plan.steps):
+            last = {
+                t.index: routine.step_tile(
+                    wl,
+                    dev,
+                    t,
+                    step,
+                    "tok",
+                    last.get(t.index),
+                    [last[n] for n in t.neighbours if n in last],
+                    steps=store,
+                    buffers=PeerBuffers(),
+                )
+                for t in plan.tiles
+            }
+    return [
+        routine.run_tile(wl, dev, t, token="tok", stepped=last.get(t.index), steps=store if last else None)
+        for t in plan.tiles
+    ]
+
+
+@pytest.mark.parametrize(
+    "height,bands,steps,depth",
+    [
+        (61, 4, 13, 1),  # one sweep per exchange, as single-row halos
+        (61, 4, 13, 4),  # steps not a multiple of the depth: 4 + 4 + 4 + 1
+        (40, 4, 23, 10),  # bands exactly as tall as their halos: the edges' cones overlap
+        (40, 4, 23, 7),  # bands shorter than four halos: the cones overlap, the interior is all theirs
+        (101, 3, 40, "auto"),  # bands of 33-34 rows: 32 sweeps, then 8
+        (29, 3, 9, "auto"),  # bands of 9-10 rows: one step of 9 sweeps, the tile alone
+        (30, 1, 11, 4),  # one band: nothing to exchange
+        (30, 1, 11, 30),  # one band, every sweep in one step
+    ],
+)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_bands_exchanging_deep_halos_give_the_whole_grids_sweep(tmp_path, height, bands, steps, depth, dtype):
+    grid = _grid(height, 19, seed=height, dtype=dtype)
+    np.save(grid_file := tmp_path / "g.npy", grid)
+    params = {"input": {"grid": str(grid_file)}, "steps": steps, "sweeps_per_exchange": depth}
+    wl = Stencil(StencilParams(**params, bands_per_device=bands), verify=True)
+    records = stepped_sweep(wl, CPU)
+    assert len(records) == bands and all(r.verify_ok for r in records)
+    np.testing.assert_array_equal(np.concatenate([r.extra["band"] for r in records]), sweep(grid, steps))
+    # The work counted: each sweep reads and writes each band's own rows once.
+    assert sum(r.work for r in records) == 2 * grid.nbytes * steps
+
+
+class _WrongAtOneStep(Stencil):
+    """A stencil whose sweeps of one band, at one step only, add one to every row they write."""
+
+    def __init__(self, *args: Any, band: int, step: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.wrong, self.now = (band, step), (-1, -1)
+
+    def step(self, ctx: Any, tile: Any, step: int, received: dict) -> dict:
+        self.now = (tile.index, step)
+        return super().step(ctx, tile, step, received)
+
+    def finish_step(self, ctx: Any, tile: Any, step: int) -> None:
+        self.now = (tile.index, step)
+        super().finish_step(ctx, tile, step)
+
+    def _sweep(self, xp: Any, tile: Any, src: Any, dst: Any, span: tuple[int, int]) -> None:
+        super()._sweep(xp, tile, src, dst, span)
+        if self.now == self.wrong:
+            dst[span[0] : span[1]] += 1
+
+
+def test_a_band_swept_wrong_at_one_step_fails_its_check():
+    # Band 1 of three goes wrong at step 1 of 3 (4 sweeps each, then 1): its last step,
+    # right again, checks out, and so would a check of the last step alone; the check of
+    # the rows sampled after step 1 is what fails the band. Its neighbours, swept right
+    # from its wrong rows, pass.
+    params = StencilParams(height=30, width=11, steps=9, bands_per_device=3, sweeps_per_exchange=4)
+    for wrong_step, verdicts in [(1, [True, False, True]), (None, [True, True, True])]:
+        wl = _WrongAtOneStep(params, verify=True, band=1, step=wrong_step)
+        records = stepped_sweep(wl, CPU)
+        assert [r.verify_ok for r in records] == verdicts

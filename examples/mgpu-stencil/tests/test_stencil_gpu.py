@@ -76,24 +76,31 @@ def _job(tmp_path, cluster, **params):
     return run_job(validate_job(doc)), out
 
 
-def test_one_gpu_several_bands_give_numpys_sweep(tmp_path):
-    result, out = _job(tmp_path, {"devices": [0]}, bands_per_device=3)
+@pytest.mark.parametrize(
+    "bands,depth",
+    # Bands of 510 rows, 32 sweeps then 8; bands of 218 rows, six steps of 6 sweeps then 4.
+    [(3, "auto"), (7, 6)],
+)
+def test_one_gpu_several_bands_give_numpys_sweep(tmp_path, bands, depth):
+    result, out = _job(tmp_path, {"devices": [0]}, bands_per_device=bands, sweeps_per_exchange=depth)
     assert result.status == "ok" and result.verify.passed and result.backend == "cuda"
     assert result.roofline is not None and "copy measured on one device alone" in result.roofline.basis
     np.testing.assert_array_equal(np.load(out), sweep(_grid(1531, 1203, seed=2), 40))
 
 
 def test_two_workers_exchange_halo_rows_and_give_numpys_sweep(tmp_path):
-    result, out = _job(tmp_path, _workers(2), bands_per_device=2, dtype="float64")
+    # Halos 5 rows deep: 8 steps of 5 sweeps, the first 7 sending their neighbours 5 rows.
+    result, out = _job(tmp_path, _workers(2), bands_per_device=2, dtype="float64", sweeps_per_exchange=5)
     assert result.status == "ok" and result.verify.passed
     assert len(result.per_worker) == 2 and all(w.tiles == 2 for w in result.per_worker)
     np.testing.assert_array_equal(np.load(out), sweep(_grid(1531, 1203, seed=2, dtype="float64"), 40))
     if _gpus() < 2:
         # Both workers on one GPU: one device, and the halo rows between them went by CUDA
-        # IPC within it, a float64 row of the grid per copy, never through the host.
+        # IPC within it, five float64 rows of the grid per copy, one copy each way per
+        # exchange (none after the last step), never through the host.
         assert [d["workers"] for d in result.devices] == [2]
         for w in result.per_worker:
-            assert w.copies_same_device > 0 and w.bytes_same_device == w.bytes_d2d == w.copies_same_device * 1203 * 8
+            assert w.copies_same_device == 7 and w.bytes_same_device == w.bytes_d2d == 7 * 5 * 1203 * 8
     else:
         assert sorted(d.id for d in result.per_device) == [0, 1]
 
@@ -113,3 +120,6 @@ def test_bands_saved_to_host_memory_and_restored_on_the_gpu_step_on_to_numpys_sw
     want = sweep(grid, 11)
     np.testing.assert_array_equal(resumed_sweep(tmp_path, gpu, grid, 11, 5), want)
     np.testing.assert_array_equal(resumed_sweep(tmp_path, gpu, grid, 11, 5, other=cpu), want)
+    # Halos 4 rows deep: steps of 4, 4 and 3 sweeps, saved after the second.
+    np.testing.assert_array_equal(resumed_sweep(tmp_path, gpu, grid, 11, 2, depth=4), want)
+    np.testing.assert_array_equal(resumed_sweep(tmp_path, gpu, grid, 11, 2, other=cpu, depth=4), want)
