@@ -16,7 +16,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from . import __version__, forkserver
+from . import __version__
 from .client.watch import Events
 from .errors import JobFailed, JobInputError
 from .lifetime import end, finish, is_command, resume_collection
@@ -738,5 +738,4 @@ def main() -> None:
         code = e.code
     finally:
         finish()
-        forkserver.stop()  # end() skips the exit handlers; a server still importing would go on
     end(code if isinstance(code, (int, str)) or code is None else 0)
