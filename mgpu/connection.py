@@ -53,7 +53,10 @@ def ahead(address: str | None) -> None:
     """What joining a cluster takes, begun now on threads of their own: the versions a new
     client reports (:func:`read_versions_ahead`) and, given ``address``, the connection to
     the scheduler there (no TLS; see :func:`connect_ahead`), which reports them once
-    connected."""
+    connected. Dask's client, which the jobs need in any case, is imported first, on this
+    thread: call it from the main thread between steps, not while it imports."""
+    import distributed.client  # noqa: F401
+
     read_versions_ahead()
     if address is not None:
         connect_ahead(address)

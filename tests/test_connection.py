@@ -86,6 +86,21 @@ def test_nothing_is_read_ahead_before_dask_is_imported():
     assert out.stdout.strip() == "ok"
 
 
+def test_what_joining_takes_is_begun_ahead_though_no_job_imported_dask_yet(cluster):
+    # (A dot job's workload imports nothing of Dask's client.)
+    code = (
+        "import sys, mgpu.connection as c\n"
+        "assert 'distributed' not in sys.modules\n"
+        f"c.ahead({cluster.scheduler_address!r})\n"
+        f"client = c.take_ahead({cluster.scheduler_address!r})\n"
+        "print(client.status)\n"
+        "client.close()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "running"
+
+
 def test_the_job_joins_with_the_connection_begun_ahead(cluster, monkeypatch):
     address = cluster.scheduler_address
     assert connect_ahead(address) is not None
