@@ -10,11 +10,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from . import __version__
 from .client.watch import Events
@@ -23,9 +22,11 @@ from .lifetime import end, finish, is_command, resume_collection
 from .memory import AllocatorChoice
 from .paths import check_folder, write_text
 from .security import client_security
-from .show import print_result
 from .signals import Interrupted, cancel_on_signals
 from .spec import load_job
+
+if TYPE_CHECKING:
+    from rich.progress import Progress  # imported where a bar is drawn
 
 __all__ = ["main"]
 
@@ -75,6 +76,8 @@ class _Reporter(Events):
 
     def start_bar(self, total: int) -> None:
         if self.show_progress:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
             self.progress = Progress(
                 TextColumn("tiles"),
                 BarColumn(),
@@ -121,7 +124,10 @@ class _Reporter(Events):
     def job_done(self, result: Any) -> None:
         self.close()
         self.results.append(result)
-        print_result(result, self.console)
+        if not self.console.quiet:  # the table's modules are imported for it alone
+            from .show import print_result
+
+            print_result(result, self.console)
 
     def close(self) -> None:
         if self.progress is not None:

@@ -40,3 +40,36 @@ def test_importing_the_client_imports_no_gpu_library(tmp_path):
     # The stand-ins are found: were any module to import them, the test would see it.
     assert gpu_modules_after("import cupy, rmm", env) == ["cupy", "rmm"]
     assert gpu_modules_after("\n".join(f"import {m}" for m in CLIENT), env) == []
+
+
+# What a submit never uses: the result's table and the progress bar (-q draws neither; they
+# are imported where they are drawn), notebooks' HTML templates, Dask's collections, plots,
+# the commands for reading results and benchmarking.
+UNUSED_BY_SUBMIT = (
+    "rich.progress",
+    "rich.table",
+    "mgpu.show",
+    "jinja2",
+    "dask.array",
+    "dask.dataframe",
+    "pandas",
+    "matplotlib",
+    "bokeh",
+    "scipy",
+    "mgpu.plots",
+    "mgpu.report",
+    "mgpu.scale",
+    "mgpu.bench",
+)
+
+
+def test_the_submit_path_imports_only_what_a_quiet_submit_uses():
+    probe = (
+        "import sys\nsys.orig_argv = [sys.executable, '-m', 'mgpu', 'submit', 'job.yaml']\n"
+        "import mgpu.cli, mgpu.api, mgpu.background, mgpu.client.run, mgpu.client.preflight\n"
+        "import mgpu.workloads.matmul, mgpu.workloads.dot, mgpu.workloads.mandelbrot\n"
+        f"print(sorted(m for m in {UNUSED_BY_SUBMIT!r} if sys.modules.get(m) is not None))"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
