@@ -351,3 +351,18 @@ def test_a_band_swept_wrong_at_one_step_fails_its_check():
         wl = _WrongAtOneStep(params, verify=True, band=1, step=wrong_step)
         records = stepped_sweep(wl, CPU)
         assert [r.verify_ok for r in records] == verdicts
+
+
+def test_every_depth_up_to_the_bands_rows_gives_the_whole_grids_sweep(tmp_path):
+    # Three bands of 1 to 6 rows (the middle one with both neighbours), each depth they allow,
+    # steps a multiple of it and not: the edges' cones alone, overlapping, or apart.
+    for rows in range(1, 7):
+        grid = _grid(3 * rows, 7, seed=rows)
+        np.save(grid_file := tmp_path / f"g{rows}.npy", grid)
+        for depth in range(1, rows + 1):
+            for steps in (2 * depth, 2 * depth + 1):
+                params = {"input": {"grid": str(grid_file)}, "steps": steps, "sweeps_per_exchange": depth}
+                records = stepped_sweep(Stencil(StencilParams(**params, bands_per_device=3), verify=True), CPU)
+                assert all(r.verify_ok for r in records), (rows, depth, steps)
+                got = np.concatenate([r.extra["band"] for r in records])
+                np.testing.assert_array_equal(got, sweep(grid, steps), err_msg=f"{rows=} {depth=} {steps=}")
