@@ -97,6 +97,11 @@ def end(code: int | str | None) -> NoReturn:
     server = sys.modules.get("mgpu.forkserver")
     if server is not None:
         server.stop()  # as its exit handler would: one still importing would go on until done
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:
+        # What an ordinary exit finalizes first: a nanny's queues' named semaphores, which
+        # multiprocessing's resource tracker would otherwise report leaked on stderr.
+        util._run_finalizers(0)
     logging.shutdown()  # flushes every log handler
     for stream in (sys.stdout, sys.stderr):
         try:
