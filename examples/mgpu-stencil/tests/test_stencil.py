@@ -224,35 +224,41 @@ def resumed_sweep(
     plan = wl.plan({"w": dev.facts}, 1 << 30, {})
     assert 0 < save_at < plan.steps
 
-    def run(store: routine.StepStore, on: Device, first: int, last: dict, save: int = 0) -> dict:
-        for step in range(first, plan.steps):
-            last = {
-                t.index: routine.step_tile(
-                    wl,
-                    on,
-                    t,
-                    step,
-                    "tok",
-                    last.get(t.index),
-                    [last[n] for n in t.neighbours if n in last],
-                    save=step + 1 == save,
-                    steps=store,
-                    buffers=PeerBuffers(),
-                )
-                for t in plan.tiles
-            }
-        return last
-
     first = routine.StepStore()
-    run(first, dev, 0, {}, save_at)  # on to the end: the saved state must not follow the band
+    _step_bands(wl, plan, dev, first, 0, {}, save_at)  # on to the end: the saved state must not follow the band
     saved = [first.take("tok", t.index, save_at) for t in plan.tiles]
     again = routine.StepStore()
     on = other or dev
     resumed = {c.index: routine.resume_tile(wl, on, plan.tiles[c.index], c, "tok", steps=again) for c in saved}
-    last = run(again, on, save_at, resumed)
+    last = _step_bands(wl, plan, on, again, save_at, resumed)
     records = [routine.run_tile(wl, on, t, token="tok", stepped=last[t.index], steps=again) for t in plan.tiles]
     assert all(r.verify_ok for r in records)  # the sampled rows' error, carried through the checkpoint
     return np.concatenate([r.extra["band"] for r in records])
+
+
+def _step_bands(
+    wl: Stencil, plan: Any, dev: Device, store: routine.StepStore, first: int, last: dict, save_at: int = 0
+) -> dict:
+    """Steps ``first`` onward of every band of ``plan`` on ``dev``, as the core runs them (each
+    band's step after its neighbours' step before); with ``save_at``, the state after that many
+    steps is saved. Returns each band's last step."""
+    for step in range(first, plan.steps):
+        last = {
+            t.index: routine.step_tile(
+                wl,
+                dev,
+                t,
+                step,
+                "tok",
+                last.get(t.index),
+                [last[n] for n in t.neighbours if n in last],
+                save=step + 1 == save_at,
+                steps=store,
+                buffers=PeerBuffers(),
+            )
+            for t in plan.tiles
+        }
+    return last
 
 
 CPU = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h"))
@@ -273,21 +279,7 @@ def stepped_sweep(wl: Stencil, dev: Device) -> list[TileRecord]:
     plan = wl.plan({"w": dev.facts}, 1 << 30, {})
     store, last = routine.StepStore(), {}
     if plan.steps > 1:
-        for step in range(plan.steps):
-            last = {
-                t.index: routine.step_tile(
-                    wl,
-                    dev,
-                    t,
-                    step,
-                    "tok",
-                    last.get(t.index),
-                    [last[n] for n in t.neighbours if n in last],
-                    steps=store,
-                    buffers=PeerBuffers(),
-                )
-                for t in plan.tiles
-            }
+        last = _step_bands(wl, plan, dev, store, 0, {})
     return [
         routine.run_tile(wl, dev, t, token="tok", stepped=last.get(t.index), steps=store if last else None)
         for t in plan.tiles
