@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .lifetime import pause_collection
+from .handover import hand_over_command
+
+hand_over_command()  # the command only: a submit to the cluster ``mgpu cluster up`` started runs in its server
+
+from .lifetime import pause_collection  # noqa: E402
 
 pause_collection()  # the command only: its imports run faster without the collector
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -43,6 +44,7 @@ class Running:
     backend: str
     workers: int
     log: str
+    submit: str | None = None  # the abstract socket its submit server listens at (mgpu.submit_server)
 
 
 def record_path() -> Path:
@@ -179,7 +181,11 @@ def serve(spec: ClusterSpec, path: Path) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     rc = resolve_cluster(spec)
-    with open_cluster(rc) as info:
+    submit = f"mgpu-submit-{os.getpid()}-{secrets.token_hex(8)}"
+    # Started first: it imports the client side while the cluster starts. It ends when this
+    # process does (its standard input, this end of a pipe, closes).
+    server = subprocess.Popen([sys.executable, "-m", "mgpu.submit_server", submit], stdin=subprocess.PIPE)
+    with server, open_cluster(rc) as info:
         running = Running(
             address=info.client.scheduler.address,
             dashboard=info.dashboard_link,
@@ -188,6 +194,7 @@ def serve(spec: ClusterSpec, path: Path) -> None:
             backend=info.backend,
             workers=len(info.devices),
             log=str(path.with_name(LOG)),
+            submit=submit,
         )
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(asdict(running), indent=1))

@@ -20,7 +20,6 @@ cluster up`` started does not start the server; one that joins another stops it 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -81,30 +80,15 @@ def start() -> None:
 def start_for_command(argv: list[str] | None = None) -> bool:
     """In the ``mgpu`` command, a ``submit`` that may start its own cluster: start the
     fork server. Returns whether it did."""
+    from .handover import recorded
     from .lifetime import is_command
 
     args = sys.argv[1:] if argv is None else argv
     if not is_command() or args[:1] != ["submit"] or any(a.split("=")[0] in _JOINS for a in args):
         return False
-    if "--own-cluster" not in args and _cluster_up():
+    if "--own-cluster" not in args and recorded() is not None:
         return False
     start()
-    return True
-
-
-def _cluster_up() -> bool:
-    """Whether ``mgpu cluster up``'s record names a process that runs, a cluster the submit
-    will join. Read without Dask's configuration, where it is unless a Dask configuration
-    file moves mgpu's cache folder: a record missed starts the server for nothing, and one
-    whose process id was reused spawns the workers of a cluster of its own as usual."""
-    folder = os.environ.get("DASK_MGPU__CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "mgpu"
-    )
-    try:
-        with open(os.path.join(folder, "cluster.json")) as f:
-            os.kill(int(json.load(f)["pid"]), 0)
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
     return True
 
 

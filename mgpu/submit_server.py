@@ -1,0 +1,281 @@
+"""The submit server of a cluster ``mgpu cluster up`` started: a process that has imported
+the client side once, and forks a process for each ``mgpu submit`` handed to it
+(:mod:`mgpu.handover`) that runs the command as the submit's own process would have.
+
+It listens on an abstract Unix socket named in the cluster's record, and takes commands
+only from processes of its own user. ``cluster up``'s process starts it in its process
+group (``down`` ends it with the cluster) and holds the other end of its standard input:
+the server ends when that process does.
+
+A forked process takes the command's standard streams, environment, working folder,
+arguments and module path, and reads Dask's configuration again from them; it holds no
+thread of the server (the server starts none). The server sends the command's process id
+once forked, then its exit code (negative: the signal that ended it); where the command's
+own process goes away first, the forked one gets SIGTERM, as a Ctrl-C would end it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import threading
+from typing import Any, NoReturn
+
+__all__ = ["PREPARED", "compatible", "listen", "serve"]
+
+# What a submit to a running cluster imports, imported once here.
+PREPARED = (
+    "mgpu.cli",
+    "mgpu.api",
+    "mgpu.background",
+    "mgpu.connection",
+    "mgpu.info",
+    "mgpu.client.run",
+    "mgpu.client.preflight",
+    "mgpu.show",
+    "mgpu.workloads.dot",
+    "mgpu.workloads.matmul",
+    "mgpu.workloads.mandelbrot",
+    "distributed",
+    "distributed.client",
+    "tornado.platform.asyncio",
+    "rich.console",
+    "rich.progress",
+    "rich.table",
+    "psutil",
+)
+# The longest wait for a command's request once it connected.
+_READ_S = 5.0
+
+
+def listen(name: str) -> socket.socket:
+    """The server's socket, bound to abstract name ``name`` and listening."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name)
+    listener.listen(64)
+    return listener
+
+
+def prepare() -> None:
+    """Import what a submit to a running cluster imports (:data:`PREPARED`), as its client
+    imports it: no RMM, no NVML (see ``mgpu.cli._client_only``), no collection meanwhile;
+    what is made is frozen, so the forked commands never walk it."""
+    import importlib
+
+    gc.disable()
+    for name in ("rmm", "pynvml"):
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # an import of it raises ImportError
+    from .imports import c_yaml
+
+    c_yaml()
+    for name in PREPARED:
+        importlib.import_module(name)
+    gc.freeze()
+
+
+def compatible(asked: dict[str, Any]) -> str | None:
+    """Why a command asking ``asked`` would not run here as in its own process, or None:
+    another interpreter, another mgpu, or another module path (the first entry, the
+    command's folder, aside: the forked process takes the command's)."""
+    from . import handover
+
+    if asked.get("executable") != sys.executable:
+        return f"another interpreter ({asked.get('executable')})"
+    if asked.get("package") != handover.__file__:
+        return f"another mgpu ({asked.get('package')})"
+    path = asked.get("path")
+    if not isinstance(path, list) or path[1:] != sys.path[1:]:
+        return "another module path"
+    return None
+
+
+class _Server:
+    """The accept loop: a forked command per request, and its exit code to its caller."""
+
+    def __init__(self, listener: socket.socket) -> None:
+        self.listener = listener
+        self.running: dict[int, socket.socket] = {}  # forked command's pid -> its caller
+        self.stopping = False
+        self.selector = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = socket.socketpair()
+        for end in (self.wake_r, self.wake_w):
+            end.setblocking(False)
+        self.selector.register(listener, selectors.EVENT_READ, "accept")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "signal")
+        self.selector.register(sys.stdin, selectors.EVENT_READ, "parent")
+        signal.set_wakeup_fd(self.wake_w.fileno(), warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the wakeup is written
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._stop)
+
+    def _stop(self, signum: int, frame: Any) -> None:
+        self.stopping = True
+
+    def run(self) -> None:
+        while not self.stopping:
+            for key, _ in self.selector.select():
+                if key.data == "accept":
+                    self._accept()
+                elif key.data == "signal":
+                    with contextlib.suppress(OSError):
+                        self.wake_r.recv(4096)
+                    self._reap()
+                elif key.data == "parent":
+                    if not os.read(sys.stdin.fileno(), 4096):  # cluster up's process ended
+                        self.stopping = True
+                else:
+                    self._caller_left(key.data)
+        for pid in self.running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        fds: list[int] = []
+        try:
+            _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+            if uid != os.getuid():
+                raise PermissionError("another user")
+            conn.settimeout(_READ_S)
+            asked, fds = _read_request(conn)
+            why = compatible(asked)
+            if why is not None or len(fds) != 3:
+                conn.sendall((json.dumps({"refused": why or "no standard streams"}) + "\n").encode())
+                raise ConnectionRefusedError(why)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                self._become_the_command(asked, fds)
+            conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
+        except (OSError, ValueError):
+            conn.close()
+            return
+        finally:
+            for fd in fds:
+                os.close(fd)
+        conn.setblocking(False)
+        self.running[pid] = conn
+        self.selector.register(conn, selectors.EVENT_READ, pid)
+
+    def _reap(self) -> None:
+        while self.running:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.running.pop(pid, None)
+            if conn is None:
+                continue
+            self.selector.unregister(conn)
+            with contextlib.suppress(OSError):
+                conn.setblocking(True)
+                conn.sendall((json.dumps({"exit": os.waitstatus_to_exitcode(status)}) + "\n").encode())
+            conn.close()
+
+    def _caller_left(self, pid: int) -> None:
+        """The caller of ``pid`` closed its connection (or wrote to it): it went away while
+        its command ran, which ends as a SIGTERM would end it."""
+        conn = self.running.get(pid)
+        if conn is None:
+            return
+        with contextlib.suppress(OSError):
+            if conn.recv(1):
+                return
+        self.selector.unregister(conn)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+
+    def _become_the_command(self, asked: dict[str, Any], fds: list[int]) -> NoReturn:
+        """In the forked process: take the command's streams, environment, folder and
+        arguments, and run it. Never returns."""
+        code: int | str | None = 1
+        try:
+            signal.set_wakeup_fd(-1)
+            for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self.selector.close()
+            for sock in (self.listener, self.wake_r, self.wake_w, *self.running.values()):
+                sock.close()
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            _take_streams(asked["streams"])
+            os.chdir(asked["cwd"])
+            os.environ.clear()
+            os.environ.update(asked["env"])
+            sys.argv = list(asked["argv"])
+            sys.orig_argv = list(asked["orig_argv"])
+            if asked["path"]:
+                sys.path[0] = asked["path"][0]
+            import dask.config
+
+            dask.config.refresh()  # the command's environment and configuration files
+            from .signals import exit_on_signals_while_starting
+
+            exit_on_signals_while_starting()
+            from .cli import main
+
+            main()  # ends the process (mgpu.lifetime.end) once done
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code if isinstance(code, int) else 0 if code is None else 1)
+
+
+def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """The command's request (one line of JSON) and the file descriptors sent with it."""
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    chunks = [data]
+    while data and not chunks[-1].endswith(b"\n"):
+        data = conn.recv(1 << 16)
+        chunks.append(data)
+    asked = json.loads(b"".join(chunks))
+    if not isinstance(asked, dict):
+        raise ValueError("not a request")
+    return asked, fds
+
+
+def _take_streams(streams: list[list[str | None]]) -> None:
+    """Standard streams over descriptors 0-2 (the command's own now), encoded as the
+    command's were, buffered as the interpreter buffers them (stdout by line at a
+    terminal, stderr always by line). ``sys.__stdout__`` and the others, and the log
+    handlers holding them, write to the same descriptors, so to the command's streams too."""
+    (in_encoding, in_errors), (out_encoding, out_errors) = streams
+    stdout_buffering = 1 if os.isatty(1) else -1
+    sys.stdin = open(0, encoding=in_encoding, errors=in_errors, closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", buffering=stdout_buffering, encoding=out_encoding, errors=out_errors, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, encoding=out_encoding, errors="backslashreplace", closefd=False)  # noqa: SIM115
+
+
+def serve(name: str) -> None:
+    """The server's body: listen at ``name``, import, then fork a command per request until
+    SIGTERM or until ``cluster up``'s process (holding this one's standard input) ends."""
+    listener = listen(name)
+    prepare()
+    if threading.active_count() > 1:  # a forked command would hold a copy of a thread's locks
+        print(f"mgpu: submit server: {threading.enumerate()} running after its imports", file=sys.stderr)
+    _Server(listener).run()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])

@@ -1,0 +1,147 @@
+"""A submit to the cluster ``mgpu cluster up`` started is handed to the cluster's submit
+server: the command's own process imports none of the client side, and the command runs
+as it would have in it (its folder, environment, streams, exit code and signals)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from conftest import wait_for, write_job
+
+from mgpu import handover, submit_server
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """mgpu's cache folder, where a cluster of two CPU workers is recorded up."""
+    folder = tmp_path_factory.mktemp("cache")
+    up = _mgpu(folder, ["cluster", "up", "--backend", "cpu", "--devices", "2", "--no-dashboard"], cwd=ROOT)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield folder
+    finally:
+        down = _mgpu(folder, ["cluster", "down"], cwd=ROOT)
+        assert down.returncode == 0, down.stderr
+
+
+def _env(cache: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "DASK_MGPU__CACHE_DIR": str(cache), **extra}
+
+
+def _mgpu(cache: Path, args: list[Any], cwd: Path, **extra: Any) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-X", "importtime", "-m", "mgpu", *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, env=_env(cache, **extra), capture_output=True, text=True, timeout=120)
+
+
+def _imported_by_the_command(stderr: str) -> set[str]:
+    """The modules the command's own process imported (``-X importtime``'s lines)."""
+    return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+
+
+def _server(cache: Path) -> psutil.Process:
+    record = json.loads((cache / "cluster.json").read_text())
+    group = psutil.Process(record["pid"]).children()
+    (server,) = [p for p in group if "mgpu.submit_server" in p.cmdline()]
+    return server
+
+
+def test_a_submit_runs_in_the_server_from_its_own_folder_with_its_streams(cache, tmp_path):
+    write_job(tmp_path / "dot.yaml", {"workload": "dot", "params": {"n": 100_003}})
+    done = _mgpu(cache, ["submit", "dot.yaml", "--json", "-"], cwd=tmp_path)  # a path relative to its folder
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)  # the JSON reached this process's stdout, the people's lines its stderr
+    assert result["status"] == "ok" and result["verify"]["passed"]
+    assert "joining the running cluster" in done.stderr
+    imported = _imported_by_the_command(done.stderr)
+    assert "mgpu.handover" in imported
+    assert not imported & {"dask", "distributed", "numpy", "pydantic", "mgpu.cli"}, sorted(imported)
+
+
+def test_the_submit_takes_its_own_environment_and_exit_code(cache, tmp_path):
+    job = write_job(tmp_path / "dot.yaml", {"workload": "dot", "params": {"n": 1000}})
+    # The server was started without it: the command's environment is read again.
+    bad = _mgpu(cache, ["submit", job, "-q"], cwd=tmp_path, DASK_MGPU__CEILINGS__SAMPLES="many")
+    assert bad.returncode == 2, bad.stderr
+    said = [line for line in bad.stderr.splitlines() if not line.startswith("import time:")]
+    assert len(said) == 1 and said[0].startswith("mgpu: error: mgpu.ceilings.samples"), said
+    assert "distributed" not in _imported_by_the_command(bad.stderr)
+
+
+def test_a_command_the_server_would_run_otherwise_runs_itself(cache, tmp_path):
+    write_job(tmp_path / "dot.yaml", {"workload": "dot", "params": {"n": 1000}})
+    extra = tmp_path / "lib"
+    extra.mkdir()
+    path = os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(extra)])
+    done = _mgpu(cache, ["submit", "dot.yaml", "--json", "r.json"], cwd=tmp_path, PYTHONPATH=path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["status"] == "ok"
+    assert "distributed" in _imported_by_the_command(done.stderr)  # its own process ran it, on the cluster
+    assert "joining the running cluster" in done.stdout
+
+
+def test_ctrl_c_reaches_the_submit_in_the_server(cache, tmp_path):
+    job = write_job(tmp_path / "m.yaml", {"workload": "mandelbrot", "params": {"width": 4096, "height": 4096}})
+    said = tmp_path / "stderr.txt"
+    cmd = [sys.executable, "-m", "mgpu", "submit", str(job), "--json", str(tmp_path / "r.json")]
+    with open(said, "w") as err, subprocess.Popen(cmd, env=_env(cache), stdout=err, stderr=err) as proc:
+        wait_for(lambda: "plan:" in said.read_text() or proc.poll() is not None, 60, "the job's plan")
+        (command,) = _server(cache).children()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130, said.read_text()
+    assert "interrupted (SIGINT); the job's tasks were cancelled" in said.read_text()
+    assert not command.is_running() and not list(tmp_path.glob("r.json*"))
+
+
+def test_a_submit_whose_caller_was_killed_ends(cache, tmp_path):
+    job = write_job(tmp_path / "m.yaml", {"workload": "mandelbrot", "params": {"width": 4096, "height": 4096}})
+    said = tmp_path / "stderr.txt"
+    cmd = [sys.executable, "-m", "mgpu", "submit", str(job), "--json", str(tmp_path / "r.json")]
+    with open(said, "w") as err, subprocess.Popen(cmd, env=_env(cache), stdout=err, stderr=err) as proc:
+        wait_for(lambda: "plan:" in said.read_text() or proc.poll() is not None, 60, "the job's plan")
+        (command,) = _server(cache).children()
+        proc.kill()
+    _, alive = psutil.wait_procs([command], timeout=30)
+    assert alive == [] and not list(tmp_path.glob("r.json*"))
+
+
+@pytest.mark.parametrize(
+    "change,why",
+    [
+        ({"executable": "/usr/bin/python0"}, "another interpreter"),
+        ({"package": "/elsewhere/mgpu/handover.py"}, "another mgpu"),
+        ({"path": [os.getcwd(), "/elsewhere", *sys.path[1:]]}, "another module path"),
+        ({"path": ["/any/folder", *sys.path[1:]]}, None),  # the first entry is the command's folder
+    ],
+)
+def test_the_server_runs_only_a_command_that_would_run_the_same(change, why):
+    asked = {**handover.request(), **change}
+    said = submit_server.compatible(asked)
+    assert (said is None) if why is None else said.startswith(why)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["cluster", "status"],
+        ["submit", "job.yaml", "--scheduler", "tcp://x:1"],
+        ["submit", "job.yaml", "--scheduler-file=s.json"],
+        ["submit", "job.yaml", "--own-cluster"],
+        ["submit", "job.yaml", "--dry-run"],
+    ],
+)
+def test_only_a_submit_that_would_join_the_cluster_up_is_handed_over(monkeypatch, tmp_path, argv):
+    monkeypatch.setattr("mgpu.lifetime.is_command", lambda: True)
+    monkeypatch.setattr(sys, "argv", ["mgpu", *argv])
+    monkeypatch.setattr(handover, "recorded", lambda: pytest.fail("looked for the cluster"))
+    handover.hand_over_command()
