@@ -199,6 +199,9 @@ def serve(spec: ClusterSpec, path: Path) -> None:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(asdict(running), indent=1))
         os.replace(tmp, path)  # a reader sees the whole record or none
+        assert server.stdin is not None
+        server.stdin.write(f"{running.address}\n".encode())  # it connects a process to it ahead of a submit
+        server.stdin.flush()
         print(f"mgpu: cluster up at {running.address}, {running.workers} worker(s)", flush=True)
         try:
             while not stop.wait(1.0):

@@ -7,9 +7,10 @@ H100 host. ``cluster up`` therefore also starts a submit server
 (:mod:`mgpu.submit_server`) that has imported all of that once. A ``mgpu submit`` that
 would join that cluster hands itself over first thing (from ``import mgpu``): its
 arguments, environment, working folder and its standard streams (their file descriptors,
-so the output reaches its terminal or pipes as its own would). The server forks a process
-that runs the command as this one would have; this one passes on the signals it gets
-(Ctrl-C cancels the job as before) and ends with that process's exit code.
+so the output reaches its terminal or pipes as its own would). A process the server forked
+ahead, connected to the scheduler already, runs the command as this one would have; this
+one passes on the signals it gets (Ctrl-C cancels the job as before) and ends with that
+process's exit code.
 
 Handed over only where the run is the same: the same interpreter, the same mgpu, the same
 module path. Where they differ, or no server answers, the command runs itself as before.

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from .cluster import ClusterInfo
 
-__all__ = ["machine_info", "read_versions_meanwhile", "runtime_env"]
+__all__ = ["machine_info", "read_versions", "read_versions_meanwhile", "runtime_env"]
 
 _PACKAGES = (
     "mgpu",
@@ -34,6 +34,12 @@ _PACKAGES = (
     "distributed-ucxx-cu13",
     "distributed-ucxx-cu12",
 )
+
+
+def read_versions() -> None:
+    """Read the client's package versions now (once a process: a process forked from it
+    later keeps them)."""
+    _found(False)
 
 
 def read_versions_meanwhile() -> None:

@@ -4,14 +4,18 @@ the client side once, and forks a process for each ``mgpu submit`` handed to it
 
 It listens on an abstract Unix socket named in the cluster's record, and takes commands
 only from processes of its own user. ``cluster up``'s process starts it in its process
-group (``down`` ends it with the cluster) and holds the other end of its standard input:
-the server ends when that process does.
+group (``down`` ends it with the cluster), writes the scheduler's address to its standard
+input once the cluster is up, and holds that pipe open: the server ends when that process
+does.
 
-A forked process takes the command's standard streams, environment, working folder,
-arguments and module path, and reads Dask's configuration again from them; it holds no
-thread of the server (the server starts none). The server sends the command's process id
-once forked, then its exit code (negative: the signal that ended it); where the command's
-own process goes away first, the forked one gets SIGTERM, as a Ctrl-C would end it.
+One process is forked ahead, before any command comes: it connects a client to the
+scheduler (:func:`mgpu.connection.ahead`, the connection the command takes) and waits. A
+command handed over goes to it, and the next is forked. It takes the command's standard
+streams, environment, working folder, arguments and module path, and reads Dask's
+configuration again from them; it holds no thread of the server (the server starts none).
+The server sends the command's process id, then its exit code (negative: the signal that
+ended it); where the command's own process goes away first, the forked one gets SIGTERM,
+as a Ctrl-C would end it.
 """
 
 from __future__ import annotations
@@ -77,6 +81,14 @@ def prepare() -> None:
     c_yaml()
     for name in PREPARED:
         importlib.import_module(name)
+    import distributed.versions
+
+    from .info import read_versions
+
+    # Read once here, kept by every forked process: what a new client reports to the
+    # scheduler (a ``uname -p`` process, the packages' metadata) and what a result records.
+    distributed.versions.get_versions()
+    read_versions()
     gc.freeze()
 
 
@@ -102,6 +114,8 @@ class _Server:
     def __init__(self, listener: socket.socket) -> None:
         self.listener = listener
         self.running: dict[int, socket.socket] = {}  # forked command's pid -> its caller
+        self.address: str | None = None  # the scheduler's, once cluster up's process wrote it
+        self.ready: tuple[int, socket.socket] | None = None  # the process forked ahead, and its end of a pipe
         self.stopping = False
         self.selector = selectors.DefaultSelector()
         self.wake_r, self.wake_w = socket.socketpair()
@@ -128,13 +142,30 @@ class _Server:
                         self.wake_r.recv(4096)
                     self._reap()
                 elif key.data == "parent":
-                    if not os.read(sys.stdin.fileno(), 4096):  # cluster up's process ended
+                    said = os.read(sys.stdin.fileno(), 4096)
+                    if not said:  # cluster up's process ended
                         self.stopping = True
+                    elif self.address is None:
+                        self.address = said.decode().strip()
+                        self._fork_ahead()
                 else:
                     self._caller_left(key.data)
-        for pid in self.running:
+        ahead = [self.ready[0]] if self.ready is not None else []
+        for pid in [*self.running, *ahead]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
+
+    def _fork_ahead(self) -> None:
+        """Fork the process the next command goes to; it connects to the scheduler meanwhile."""
+        ours, theirs = socket.socketpair()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            self._wait_for_a_command(theirs)
+        theirs.close()
+        self.ready = (pid, ours)
 
     def _accept(self) -> None:
         try:
@@ -152,11 +183,7 @@ class _Server:
             if why is not None or len(fds) != 3:
                 conn.sendall((json.dumps({"refused": why or "no standard streams"}) + "\n").encode())
                 raise ConnectionRefusedError(why)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                self._become_the_command(asked, fds)
+            pid = self._hand_on(asked, fds)
             conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
         except (OSError, ValueError):
             conn.close()
@@ -167,6 +194,24 @@ class _Server:
         conn.setblocking(False)
         self.running[pid] = conn
         self.selector.register(conn, selectors.EVENT_READ, pid)
+        if self.address is not None:
+            self._fork_ahead()
+
+    def _hand_on(self, asked: dict[str, Any], fds: list[int]) -> int:
+        """Give the command to the process forked ahead, or where there is none (the
+        cluster's address not known yet), to one forked now; returns its pid."""
+        if self.ready is not None:
+            pid, pipe = self.ready
+            self.ready = None
+            with pipe:
+                _send(pipe, asked, fds)
+            return pid
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            self._become_the_command(asked, fds)
+        return pid
 
     def _reap(self) -> None:
         while self.running:
@@ -176,6 +221,9 @@ class _Server:
                 return
             if pid == 0:
                 return
+            if self.ready is not None and self.ready[0] == pid:  # ended before any command came
+                self.ready[1].close()
+                self.ready = None
             conn = self.running.pop(pid, None)
             if conn is None:
                 continue
@@ -198,20 +246,44 @@ class _Server:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
 
-    def _become_the_command(self, asked: dict[str, Any], fds: list[int]) -> NoReturn:
+    def _leave_the_server(self) -> None:
+        """In a forked process: the server's signal handlers and sockets let go of."""
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        self.selector.close()
+        ahead = [self.ready[1]] if self.ready is not None else []
+        for sock in (self.listener, self.wake_r, self.wake_w, *self.running.values(), *ahead):
+            sock.close()
+
+    def _wait_for_a_command(self, pipe: socket.socket) -> NoReturn:
+        """In the process forked ahead: connect to the scheduler, then wait for a command
+        (its request and streams, from ``pipe``) and run it. Never returns."""
+        try:
+            self._leave_the_server()
+            sys.stdin.close()  # the server's pipe from cluster up's process: its end is the server's
+            from .connection import ahead
+
+            assert self.address is not None
+            ahead(self.address)  # the connection the command takes (mgpu.connection.take_ahead)
+            asked, fds = _read_request(pipe)
+        except BaseException:  # the server went away (or stopped it): nothing to run
+            os._exit(0)
+        self._become_the_command(asked, fds, left=True)
+
+    def _become_the_command(self, asked: dict[str, Any], fds: list[int], *, left: bool = False) -> NoReturn:
         """In the forked process: take the command's streams, environment, folder and
         arguments, and run it. Never returns."""
         code: int | str | None = 1
         try:
-            signal.set_wakeup_fd(-1)
-            for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-                signal.signal(sig, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            self.selector.close()
-            for sock in (self.listener, self.wake_r, self.wake_w, *self.running.values()):
-                sock.close()
+            if not left:
+                self._leave_the_server()
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
+            for fd in fds:
+                if fd > 2:
+                    os.close(fd)
             _take_streams(asked["streams"])
             os.chdir(asked["cwd"])
             os.environ.clear()
@@ -253,6 +325,13 @@ def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     if not isinstance(asked, dict):
         raise ValueError("not a request")
     return asked, fds
+
+
+def _send(pipe: socket.socket, asked: dict[str, Any], fds: list[int]) -> None:
+    """Send a command's request and its streams down ``pipe``, as the command sent them."""
+    data = (json.dumps(asked) + "\n").encode()
+    sent = socket.send_fds(pipe, [data], fds)
+    pipe.sendall(data[sent:])
 
 
 def _take_streams(streams: list[list[str | None]]) -> None:

@@ -1,6 +1,7 @@
 """A submit to the cluster ``mgpu cluster up`` started is handed to the cluster's submit
 server: the command's own process imports none of the client side, and the command runs
-as it would have in it (its folder, environment, streams, exit code and signals)."""
+in a process forked ahead as it would have in its own (its folder, environment, streams,
+exit code and signals)."""
 
 from __future__ import annotations
 
@@ -49,11 +50,14 @@ def _imported_by_the_command(stderr: str) -> set[str]:
     return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
 
 
-def _server(cache: Path) -> psutil.Process:
+def _forked_ahead(cache: Path) -> psutil.Process:
+    """The process the submit server forked ahead for the next command (its only child
+    while no command runs)."""
     record = json.loads((cache / "cluster.json").read_text())
     group = psutil.Process(record["pid"]).children()
     (server,) = [p for p in group if "mgpu.submit_server" in p.cmdline()]
-    return server
+    (ahead,) = wait_for(lambda: [p for p in server.children() if p.status() != psutil.STATUS_ZOMBIE] or None, 30)
+    return ahead
 
 
 def test_a_submit_runs_in_the_server_from_its_own_folder_with_its_streams(cache, tmp_path):
@@ -94,9 +98,9 @@ def test_ctrl_c_reaches_the_submit_in_the_server(cache, tmp_path):
     job = write_job(tmp_path / "m.yaml", {"workload": "mandelbrot", "params": {"width": 4096, "height": 4096}})
     said = tmp_path / "stderr.txt"
     cmd = [sys.executable, "-m", "mgpu", "submit", str(job), "--json", str(tmp_path / "r.json")]
+    command = _forked_ahead(cache)  # which runs the next command
     with open(said, "w") as err, subprocess.Popen(cmd, env=_env(cache), stdout=err, stderr=err) as proc:
         wait_for(lambda: "plan:" in said.read_text() or proc.poll() is not None, 60, "the job's plan")
-        (command,) = _server(cache).children()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 130, said.read_text()
     assert "interrupted (SIGINT); the job's tasks were cancelled" in said.read_text()
@@ -107,9 +111,10 @@ def test_a_submit_whose_caller_was_killed_ends(cache, tmp_path):
     job = write_job(tmp_path / "m.yaml", {"workload": "mandelbrot", "params": {"width": 4096, "height": 4096}})
     said = tmp_path / "stderr.txt"
     cmd = [sys.executable, "-m", "mgpu", "submit", str(job), "--json", str(tmp_path / "r.json")]
+    command = _forked_ahead(cache)
     with open(said, "w") as err, subprocess.Popen(cmd, env=_env(cache), stdout=err, stderr=err) as proc:
         wait_for(lambda: "plan:" in said.read_text() or proc.poll() is not None, 60, "the job's plan")
-        (command,) = _server(cache).children()
+        assert command.is_running()
         proc.kill()
     _, alive = psutil.wait_procs([command], timeout=30)
     assert alive == [] and not list(tmp_path.glob("r.json*"))
