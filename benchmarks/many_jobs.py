@@ -56,7 +56,8 @@ def write_jobs(folder: Path, n: int) -> list[Path]:
 def cluster_processes(pid: int, address: str) -> dict[str, psutil.Process]:
     """Role -> process: ``scheduler`` for the process ``mgpu cluster up`` started (it holds
     the scheduler and the nannies), ``worker-NAME`` for each worker process, by the name the
-    scheduler knows it by, and whatever else runs under it."""
+    scheduler knows it by, ``submit-server`` for the cluster's submit server (the processes
+    it forks for the submits come and go), and whatever else runs under it."""
     from distributed import Client
 
     with Client(address, timeout=30) as client:
@@ -65,10 +66,13 @@ def cluster_processes(pid: int, address: str) -> dict[str, psutil.Process]:
     top = psutil.Process(pid)
     procs: dict[str, psutil.Process] = {"scheduler": top}
     for child in top.children(recursive=True):
+        cmd = " ".join(child.cmdline())
         if child.pid in names:
             procs[f"worker-{names[child.pid]}"] = child
+        elif "mgpu.submit_server" in cmd:
+            if child.ppid() == pid:  # the submit server; not the processes it forks, which come and go
+                procs["submit-server"] = child
         else:  # multiprocessing's resource tracker
-            cmd = " ".join(child.cmdline())
             procs[f"{'tracker' if 'resource_tracker' in cmd else 'child'}-{child.pid}"] = child
     return procs
 
@@ -93,8 +97,11 @@ def snapshot(procs: dict[str, psutil.Process]) -> dict[str, Any]:
 
 def scheduler_state(address: str, known: frozenset[str] = frozenset()) -> dict[str, Any]:
     """What the scheduler holds: tasks, workers, worker plugins, and its clients other than
-    this one and ``known`` (the client of the process that holds the cluster)."""
+    this one, ``known`` (the client of the process that holds the cluster) and those
+    waiting for a submit (counted apart)."""
     from distributed import Client
+
+    from mgpu.submit_server import CLIENT_NAME
 
     with Client(address, timeout=30) as client:
         deadline = time.monotonic() + 30
@@ -108,7 +115,10 @@ def scheduler_state(address: str, known: frozenset[str] = frozenset()) -> dict[s
                 },
                 client.id,
             )
-            state["clients"] = [c for c in state["clients"] if c not in known]
+            # The client of the process the cluster's submit server forked ahead for the next submit.
+            waiting = [c for c in state["clients"] if c.startswith(f"Client-{CLIENT_NAME}-")]
+            state["waiting"] = len(waiting)
+            state["clients"] = [c for c in state["clients"] if c not in known and c not in waiting]
             if state["tasks"] == 0 or time.monotonic() > deadline:
                 return state
             time.sleep(0.2)
@@ -214,7 +224,8 @@ def print_table(report: dict[str, Any]) -> None:
         )
     s = report["scheduler"]
     print(
-        f"scheduler afterwards: {s['tasks']} tasks, {len(s['clients'])} other clients, {s['workers']} workers, "
+        f"scheduler afterwards: {s['tasks']} tasks, {len(s['clients'])} other clients, "
+        f"{s['waiting']} waiting for a submit, {s['workers']} workers, "
         f"worker plugins {s['plugins']}"
     )
     print(f"stray processes: {report['stray'] or 'none'}; left after down: {report['left_after_down'] or 'none'}")

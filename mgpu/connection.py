@@ -49,20 +49,21 @@ _UNTAKEN_S = 2.0
 _SWITCH_S = 0.0002
 
 
-def ahead(address: str | None) -> None:
+def ahead(address: str | None, name: str | None = None) -> None:
     """What joining a cluster takes, begun now on threads of their own: the versions a new
     client reports (:func:`read_versions_ahead`) and, given ``address``, the connection to
     the scheduler there (no TLS; see :func:`connect_ahead`), which reports them once
     connected. Dask's client, which the jobs need in any case, is imported first, on this
-    thread: call it from the main thread between steps, not while it imports."""
+    thread: call it from the main thread between steps, not while it imports. ``name`` goes
+    into the client's id (as Dask's ``client-name`` does)."""
     import distributed.client  # noqa: F401
 
     read_versions_ahead()
     if address is not None:
-        connect_ahead(address)
+        connect_ahead(address, name)
 
 
-def connect_ahead(address: str) -> threading.Thread | None:
+def connect_ahead(address: str, name: str | None = None) -> threading.Thread | None:
     """Begin connecting a client to the scheduler at ``address`` (no TLS) on a thread of
     its own, for :func:`take_ahead` to hand to the job that joins it: the connection is
     made while the jobs are checked. Returns the thread, or None where Dask's client is
@@ -75,7 +76,7 @@ def connect_ahead(address: str) -> threading.Thread | None:
         return None
     pending = _ahead().pending
     if address not in pending:
-        pending[address] = _Connection(address)
+        pending[address] = _Connection(address, name)
     return pending[address].thread
 
 
@@ -95,7 +96,7 @@ def take_ahead(address: str) -> Client | None:
 class _Connection:
     """A client connecting to the scheduler at one address on a thread of its own."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, name: str | None = None) -> None:
         # The event loop a first client starts needs this module: imported here, not there.
         import tornado.platform.asyncio  # noqa: F401
         from distributed import Client
@@ -110,7 +111,7 @@ class _Connection:
 
         def connect() -> None:
             try:
-                self.client = Client(address, set_as_default=False)
+                self.client = Client(address, set_as_default=False, name=name)
             except BaseException as e:  # raised to the job that takes it, as connecting then would
                 self.error = e
             finally:

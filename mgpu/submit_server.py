@@ -32,7 +32,11 @@ import sys
 import threading
 from typing import Any, NoReturn
 
-__all__ = ["PREPARED", "compatible", "listen", "serve"]
+__all__ = ["CLIENT_NAME", "PREPARED", "compatible", "listen", "serve"]
+
+# In the id of the client each process forked ahead connects (``Client-mgpu-submit-server-...``):
+# one waits on the scheduler while no command runs, and the commands handed over use them.
+CLIENT_NAME = "mgpu-submit-server"
 
 # What a submit to a running cluster imports, imported once here.
 PREPARED = (
@@ -266,7 +270,7 @@ class _Server:
             from .connection import ahead
 
             assert self.address is not None
-            ahead(self.address)  # the connection the command takes (mgpu.connection.take_ahead)
+            ahead(self.address, CLIENT_NAME)  # the connection the command takes (mgpu.connection.take_ahead)
             asked, fds = _read_request(pipe)
         except BaseException:  # the server went away (or stopped it): nothing to run
             os._exit(0)

@@ -94,6 +94,7 @@ def test_ten_jobs_in_a_row_leave_no_growth_and_no_stray_process(tmp_path):
     # Nothing of mgpu outlives it; the scheduler holds no task and no client of it.
     assert report["stray"] == [] and report["left_after_down"] == []
     assert report["scheduler"]["tasks"] == 0 and report["scheduler"]["clients"] == []
+    assert report["scheduler"]["waiting"] == 1  # the process forked ahead for the next submit
     assert report["scheduler"]["workers"] == 2
     roles = set(report["before"])
     assert "scheduler" in roles and {"worker-0", "worker-1"} <= roles
