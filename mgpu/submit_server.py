@@ -9,8 +9,9 @@ input once the cluster is up, and holds that pipe open: the server ends when tha
 does.
 
 One process is forked ahead, before any command comes: it connects a client to the
-scheduler (:func:`mgpu.connection.ahead`, the connection the command takes) and waits. A
-command handed over goes to it, and the next is forked. It takes the command's standard
+scheduler (:func:`mgpu.connection.ahead`, the connection the command takes), makes its own
+copy of the server's memory (:func:`copy_the_heap`) and waits. A command handed over goes
+to it, and once no command runs, the next is forked. It takes the command's standard
 streams, environment, working folder, arguments and module path, and reads Dask's
 configuration again from them; it holds no thread of the server (the server starts none).
 The server sends the command's process id, then its exit code (negative: the signal that
@@ -32,7 +33,7 @@ import sys
 import threading
 from typing import Any, NoReturn
 
-__all__ = ["CLIENT_NAME", "PREPARED", "compatible", "listen", "serve"]
+__all__ = ["CLIENT_NAME", "PREPARED", "compatible", "copy_the_heap", "listen", "serve"]
 
 # In the id of the client each process forked ahead connects (``Client-mgpu-submit-server-...``):
 # one waits on the scheduler while no command runs, and the commands handed over use them.
@@ -59,6 +60,8 @@ PREPARED = (
     "rich.table",
     "psutil",
 )
+# madvise(2)'s advice that faults a range's pages in, writable (Linux 5.14).
+_MADV_POPULATE_WRITE = 23
 # The longest wait for a command's request once it connected.
 _READ_S = 5.0
 
@@ -198,8 +201,6 @@ class _Server:
         conn.setblocking(False)
         self.running[pid] = conn
         self.selector.register(conn, selectors.EVENT_READ, pid)
-        if self.address is not None:
-            self._fork_ahead()
 
     def _hand_on(self, asked: dict[str, Any], fds: list[int]) -> int:
         """Give the command to the process forked ahead, or where there is none (the
@@ -218,24 +219,31 @@ class _Server:
         return pid
 
     def _reap(self) -> None:
-        while self.running:
+        """Send each command that ended its exit code; then, once none runs, fork the
+        process for the next one (not while one runs: it would take the command's processor
+        time, on a host with few cores)."""
+        ended = False
+        while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                break
             if pid == 0:
-                return
+                break
             if self.ready is not None and self.ready[0] == pid:  # ended before any command came
                 self.ready[1].close()
                 self.ready = None
             conn = self.running.pop(pid, None)
             if conn is None:
                 continue
+            ended = True
             self.selector.unregister(conn)
             with contextlib.suppress(OSError):
                 conn.setblocking(True)
                 conn.sendall((json.dumps({"exit": os.waitstatus_to_exitcode(status)}) + "\n").encode())
             conn.close()
+        if ended and not self.running and self.ready is None and self.address is not None and not self.stopping:
+            self._fork_ahead()
 
     def _caller_left(self, pid: int) -> None:
         """The caller of ``pid`` closed its connection (or wrote to it): it went away while
@@ -271,6 +279,7 @@ class _Server:
 
             assert self.address is not None
             ahead(self.address, CLIENT_NAME)  # the connection the command takes (mgpu.connection.take_ahead)
+            copy_the_heap()  # while it waits, not page by page as the command writes
             asked, fds = _read_request(pipe)
         except BaseException:  # the server went away (or stopped it): nothing to run
             os._exit(0)
@@ -329,6 +338,25 @@ def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     if not isinstance(asked, dict):
         raise ValueError("not a request")
     return asked, fds
+
+
+def copy_the_heap() -> None:
+    """Make this forked process's own copy of the writable memory it shares with the server
+    now (Linux's ``MADV_POPULATE_WRITE`` over its private anonymous mappings), rather than a
+    page at a time as the command first writes to each: on two cores, a Mandelbrot job's
+    plan took 1.3 ms against 0.7 in a process of its own, and its first tile 2-3 ms more,
+    until the process forked ahead did this while it waited. A kernel without it (before
+    5.14) refuses, and the pages are copied as they are written."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()  # address, perms, offset, dev, inode[, path]
+            anonymous = len(fields) == 5 or fields[5] == "[heap]"
+            if fields[1].startswith("rw") and fields[1][3] == "p" and anonymous:
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_POPULATE_WRITE)
 
 
 def _send(pipe: socket.socket, asked: dict[str, Any], fds: list[int]) -> None:

@@ -50,14 +50,26 @@ def _imported_by_the_command(stderr: str) -> set[str]:
     return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
 
 
-def _forked_ahead(cache: Path) -> psutil.Process:
-    """The process the submit server forked ahead for the next command (its only child
-    while no command runs)."""
+def _server(cache: Path) -> psutil.Process:
     record = json.loads((cache / "cluster.json").read_text())
     group = psutil.Process(record["pid"]).children()
     (server,) = [p for p in group if "mgpu.submit_server" in p.cmdline()]
+    return server
+
+
+def _forked_ahead(cache: Path) -> psutil.Process:
+    """The process the submit server forked ahead for the next command (its only child
+    while no command runs)."""
+    server = _server(cache)
     (ahead,) = wait_for(lambda: [p for p in server.children() if p.status() != psutil.STATUS_ZOMBIE] or None, 30)
     return ahead
+
+
+def _private_share(proc: psutil.Process) -> float:
+    """The share of ``proc``'s resident memory that is its own (written since its fork)."""
+    fields = dict(line.split(":") for line in Path(f"/proc/{proc.pid}/smaps_rollup").read_text().splitlines()[1:])
+    kib = {k: int(v.split()[0]) for k, v in fields.items()}
+    return kib["Private_Dirty"] / kib["Rss"]
 
 
 def test_a_submit_runs_in_the_server_from_its_own_folder_with_its_streams(cache, tmp_path):
@@ -112,9 +124,12 @@ def test_a_submit_whose_caller_was_killed_ends(cache, tmp_path):
     said = tmp_path / "stderr.txt"
     cmd = [sys.executable, "-m", "mgpu", "submit", str(job), "--json", str(tmp_path / "r.json")]
     command = _forked_ahead(cache)
+    # It copied the server's memory while it waited, not page by page under the command.
+    wait_for(lambda: _private_share(command) > 0.5, 30, "its own copy of the server's memory")
     with open(said, "w") as err, subprocess.Popen(cmd, env=_env(cache), stdout=err, stderr=err) as proc:
         wait_for(lambda: "plan:" in said.read_text() or proc.poll() is not None, 60, "the job's plan")
-        assert command.is_running()
+        # None is forked for the next command while this one runs.
+        assert [p.pid for p in _server(cache).children()] == [command.pid]
         proc.kill()
     _, alive = psutil.wait_procs([command], timeout=30)
     assert alive == [] and not list(tmp_path.glob("r.json*"))
