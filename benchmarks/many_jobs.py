@@ -70,11 +70,20 @@ def cluster_processes(pid: int, address: str) -> dict[str, psutil.Process]:
         if child.pid in names:
             procs[f"worker-{names[child.pid]}"] = child
         elif "mgpu.submit_server" in cmd:
-            if child.ppid() == pid:  # the submit server; not the processes it forks, which come and go
+            if not _forked_for_a_submit(child):
                 procs["submit-server"] = child
         else:  # multiprocessing's resource tracker
             procs[f"{'tracker' if 'resource_tracker' in cmd else 'child'}-{child.pid}"] = child
     return procs
+
+
+def _forked_for_a_submit(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is a process the submit server forked for a submit (they come and go)."""
+    try:
+        parent = proc.parent()
+        return parent is not None and all("mgpu.submit_server" in " ".join(p.cmdline()) for p in (proc, parent))
+    except psutil.Error:
+        return True  # ended meanwhile
 
 
 def snapshot(procs: dict[str, psutil.Process]) -> dict[str, Any]:
@@ -85,7 +94,7 @@ def snapshot(procs: dict[str, psutil.Process]) -> dict[str, Any]:
                 "pid": p.pid,
                 "rss": p.memory_info().rss,
                 "threads": p.num_threads(),
-                "children": len(p.children(recursive=True)),
+                "children": len([c for c in p.children(recursive=True) if not _forked_for_a_submit(c)]),
                 "listen": sorted(
                     {c.laddr.ip for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
                 ),
