@@ -25,14 +25,12 @@ import contextlib
 import gc
 import json
 import os
-import select
 import selectors
 import signal
 import socket
 import struct
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any, NoReturn
 
 __all__ = ["CLIENT_NAME", "PREPARED", "compatible", "copy_the_heap", "listen", "serve"]
@@ -64,8 +62,6 @@ PREPARED = (
 )
 # madvise(2)'s advice that faults a range's pages in, writable (Linux 5.14).
 _MADV_POPULATE_WRITE = 23
-# What copy_the_heap copies between looks for a command: about a millisecond's copying.
-_COPY_BYTES = 4 << 20
 # The longest wait for a command's request once it connected.
 _READ_S = 5.0
 
@@ -283,8 +279,7 @@ class _Server:
 
             assert self.address is not None
             ahead(self.address, CLIENT_NAME)  # the connection the command takes (mgpu.connection.take_ahead)
-            # While it waits, not page by page as the command writes; a command that comes stops it.
-            copy_the_heap(stop=lambda: bool(select.select([pipe], [], [], 0)[0]))
+            copy_the_heap()  # while it waits, not page by page as the command writes
             asked, fds = _read_request(pipe)
         except BaseException:  # the server went away (or stopped it): nothing to run
             os._exit(0)
@@ -345,31 +340,25 @@ def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return asked, fds
 
 
-def copy_the_heap(stop: Callable[[], bool] = lambda: False) -> None:
+def copy_the_heap() -> None:
     """Make this forked process's own copy of the writable memory it shares with the server
     now (Linux's ``MADV_POPULATE_WRITE`` over its private anonymous mappings), rather than a
     page at a time as the command first writes to each: on two cores, a Mandelbrot job's
     plan took 1.3 ms against 0.7 in a process of its own, and its first tile 2-3 ms more,
-    until the process forked ahead did this while it waited (50 ms for its 120 MiB). It
-    copies :data:`_COPY_BYTES` at a time and stops once ``stop()`` is true (a command came:
-    the rest is copied as it is written). A kernel without it (before 5.14) refuses, and
-    the pages are copied as they are written."""
+    until the process forked ahead did this while it waited (50 ms for its 120 MiB there).
+    It copies all of it before it takes a command: a command taken halfway would copy the
+    rest page by page again. A kernel without it (before 5.14) refuses, and the pages are
+    copied as they are written."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     with open("/proc/self/maps") as maps:
-        lines = maps.read().splitlines()
-    for line in lines:
-        fields = line.split()  # address, perms, offset, dev, inode[, path]
-        anonymous = len(fields) == 5 or fields[5] == "[heap]"
-        if not (fields[1].startswith("rw") and fields[1][3] == "p" and anonymous):
-            continue
-        start, end = (int(x, 16) for x in fields[0].split("-"))
-        for at in range(start, end, _COPY_BYTES):
-            if stop():
-                return
-            size = min(_COPY_BYTES, end - at)
-            libc.madvise(ctypes.c_void_p(at), ctypes.c_size_t(size), _MADV_POPULATE_WRITE)
+        for line in maps:
+            fields = line.split()  # address, perms, offset, dev, inode[, path]
+            anonymous = len(fields) == 5 or fields[5] == "[heap]"
+            if fields[1].startswith("rw") and fields[1][3] == "p" and anonymous:
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_POPULATE_WRITE)
 
 
 def _send(pipe: socket.socket, asked: dict[str, Any], fds: list[int]) -> None:
