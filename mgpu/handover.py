@@ -12,8 +12,8 @@ ahead, connected to the scheduler already, runs the command as this one would ha
 one passes on the signals it gets (Ctrl-C cancels the job as before) and ends with that
 process's exit code.
 
-Handed over only where the run is the same: the same interpreter, the same mgpu, the same
-module path. Where they differ, or no server answers, the command runs itself as before.
+Handed over only where the run is the same: the same interpreter, the same mgpu (its files
+unchanged since the server imported them), the same module path. Where they differ, or no server answers, the command runs itself as before.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import socket
 import sys
 from typing import Any, NoReturn
 
-__all__ = ["JOINS_ELSEWHERE", "hand_over_command", "recorded", "request"]
+__all__ = ["JOINS_ELSEWHERE", "fingerprint", "hand_over_command", "recorded", "request"]
 
 # Options after which a submit joins no cluster ``cluster up`` started, or starts none.
 JOINS_ELSEWHERE = ("--scheduler", "--scheduler-file", "--dry-run", "--own-cluster", "--help", "-h")
@@ -62,8 +62,25 @@ def request() -> dict[str, Any]:
         "executable": sys.executable,
         "path": sys.path,
         "package": __file__,  # which mgpu
+        "fingerprint": fingerprint(),  # and whether its files changed since the server imported them
         "streams": [[getattr(s, "encoding", None), getattr(s, "errors", None)] for s in (sys.stdin, sys.stdout)],
     }
+
+
+def fingerprint(folder: str | None = None) -> list[int]:
+    """The number of mgpu's Python files and the newest of their modification times (ns),
+    under ``folder`` (mgpu's own by default): where a file was edited, added or removed
+    since the server imported mgpu, the command runs itself, with the files as they are."""
+    newest, count = 0, 0
+    todo = [folder or os.path.dirname(__file__)]
+    while todo:
+        with os.scandir(todo.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False) and entry.name != "__pycache__":
+                    todo.append(entry.path)
+                elif entry.name.endswith(".py"):
+                    newest, count = max(newest, entry.stat().st_mtime_ns), count + 1
+    return [count, newest]
 
 
 def hand_over_command() -> None:

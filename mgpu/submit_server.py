@@ -99,16 +99,19 @@ def prepare() -> None:
     gc.freeze()
 
 
-def compatible(asked: dict[str, Any]) -> str | None:
+def compatible(asked: dict[str, Any], fingerprint: list[int]) -> str | None:
     """Why a command asking ``asked`` would not run here as in its own process, or None:
-    another interpreter, another mgpu, or another module path (the first entry, the
-    command's folder, aside: the forked process takes the command's)."""
+    another interpreter, another mgpu or mgpu's files changed since the server read them
+    (``fingerprint``, :func:`mgpu.handover.fingerprint` then), or another module path (the
+    first entry, the command's folder, aside: the forked process takes the command's)."""
     from . import handover
 
     if asked.get("executable") != sys.executable:
         return f"another interpreter ({asked.get('executable')})"
     if asked.get("package") != handover.__file__:
         return f"another mgpu ({asked.get('package')})"
+    if asked.get("fingerprint") != fingerprint:
+        return "mgpu's files changed since the server imported them"
     path = asked.get("path")
     if not isinstance(path, list) or path[1:] != sys.path[1:]:
         return "another module path"
@@ -118,8 +121,9 @@ def compatible(asked: dict[str, Any]) -> str | None:
 class _Server:
     """The accept loop: a forked command per request, and its exit code to its caller."""
 
-    def __init__(self, listener: socket.socket) -> None:
+    def __init__(self, listener: socket.socket, fingerprint: list[int]) -> None:
         self.listener = listener
+        self.fingerprint = fingerprint  # mgpu's files as the server imported them
         self.running: dict[int, socket.socket] = {}  # forked command's pid -> its caller
         self.address: str | None = None  # the scheduler's, once cluster up's process wrote it
         self.ready: tuple[int, socket.socket] | None = None  # the process forked ahead, and its end of a pipe
@@ -186,7 +190,7 @@ class _Server:
                 raise PermissionError("another user")
             conn.settimeout(_READ_S)
             asked, fds = _read_request(conn)
-            why = compatible(asked)
+            why = compatible(asked, self.fingerprint)
             if why is not None or len(fds) != 3:
                 conn.sendall((json.dumps({"refused": why or "no standard streams"}) + "\n").encode())
                 raise ConnectionRefusedError(why)
@@ -383,11 +387,14 @@ def _take_streams(streams: list[list[str | None]]) -> None:
 def serve(name: str) -> None:
     """The server's body: listen at ``name``, import, then fork a command per request until
     SIGTERM or until ``cluster up``'s process (holding this one's standard input) ends."""
+    from .handover import fingerprint
+
     listener = listen(name)
+    files = fingerprint()  # before the imports: a file edited meanwhile is not taken for imported
     prepare()
     if threading.active_count() > 1:  # a forked command would hold a copy of a thread's locks
         print(f"mgpu: submit server: {threading.enumerate()} running after its imports", file=sys.stderr)
-    _Server(listener).run()
+    _Server(listener, files).run()
 
 
 if __name__ == "__main__":

@@ -146,8 +146,30 @@ def test_a_submit_whose_caller_was_killed_ends(cache, tmp_path):
 )
 def test_the_server_runs_only_a_command_that_would_run_the_same(change, why):
     asked = {**handover.request(), **change}
-    said = submit_server.compatible(asked)
+    said = submit_server.compatible(asked, handover.fingerprint())
     assert (said is None) if why is None else said.startswith(why)
+
+
+def test_a_command_after_mgpu_s_files_changed_runs_itself(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    for name in ("__init__.py", "sub/a.py"):
+        (package / name).write_text("")
+    imported = handover.fingerprint(str(package))
+    asked = {**handover.request(), "fingerprint": imported}
+    assert submit_server.compatible(asked, imported) is None
+    edited = package / "sub" / "a.py"
+    os.utime(edited, ns=(edited.stat().st_atime_ns, edited.stat().st_mtime_ns + 1))  # a file edited
+    after_edit = handover.fingerprint(str(package))
+    (package / "__pycache__").mkdir()
+    (package / "__pycache__" / "a.cpython-311.pyc").write_text("")  # compiled: no change of mgpu's
+    assert handover.fingerprint(str(package)) == after_edit
+    (package / "b.py").write_text("")  # a file added
+    for now in (after_edit, handover.fingerprint(str(package))):
+        assert now != imported
+        said = submit_server.compatible({**asked, "fingerprint": now}, imported)
+        assert said == "mgpu's files changed since the server imported them"
+    assert handover.fingerprint(str(package))[0] == after_edit[0] + 1
 
 
 @pytest.mark.parametrize(
