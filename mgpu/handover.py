@@ -13,7 +13,8 @@ one passes on the signals it gets (Ctrl-C cancels the job as before) and ends wi
 process's exit code.
 
 Handed over only where the run is the same: the same interpreter, the same mgpu (its files
-unchanged since the server imported them), the same module path. Where they differ, or no server answers, the command runs itself as before.
+unchanged since the server imported them), the same module path. Where they differ, or no
+server answers, the command runs itself as before.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def hand_over_command() -> None:
 def _connect(name: str) -> tuple[socket.socket, Any, int] | None:
     """Hand the command to the server listening at abstract socket ``name``: the
     connection, its reader and the process that runs the command, or None where the server
-    did not take it (none listens, or it refused: another interpreter or module path)."""
+    did not take it (none listens, or it refused: see :func:`mgpu.submit_server.compatible`)."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect("\0" + name)
