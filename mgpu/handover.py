@@ -30,8 +30,8 @@ __all__ = ["JOINS_ELSEWHERE", "fingerprint", "hand_over_command", "recorded", "r
 
 # Options after which a submit joins no cluster ``cluster up`` started, or starts none.
 JOINS_ELSEWHERE = ("--scheduler", "--scheduler-file", "--dry-run", "--own-cluster", "--help", "-h")
-# The signals passed on to the process that runs the command.
-_PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# The signals passed on to the process that runs the command (Ctrl-Z: see _follow).
+_PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCONT)
 
 
 def recorded() -> dict[str, Any] | None:
@@ -133,8 +133,17 @@ def _follow(sock: socket.socket, reader: Any, pid: int) -> NoReturn:
         except ProcessLookupError:
             pass
 
+    def stop_both(signum: int, frame: Any) -> None:
+        # Ctrl-Z stops the command as it would stop it in this process; fg or bg continues it.
+        pass_on(signal.SIGSTOP, frame)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # this process stops here until continued
+        signal.signal(signal.SIGTSTP, stop_both)
+        pass_on(signal.SIGCONT, frame)
+
     for sig in _PASSED_ON:
         signal.signal(sig, pass_on)
+    signal.signal(signal.SIGTSTP, stop_both)
     try:
         answer = json.loads(reader.readline() or b"{}")
     except (OSError, ValueError):

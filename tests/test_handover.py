@@ -5,6 +5,7 @@ exit code and signals)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -65,6 +66,13 @@ def _forked_ahead(cache: Path) -> psutil.Process:
     return ahead
 
 
+def _stopped(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_STOPPED
+    except (psutil.Error, OSError):  # ended meanwhile
+        return False
+
+
 def _private_share(proc: psutil.Process) -> float:
     """The share of ``proc``'s resident memory that is its own (written since its fork)."""
     fields = dict(line.split(":") for line in Path(f"/proc/{proc.pid}/smaps_rollup").read_text().splitlines()[1:])
@@ -117,6 +125,29 @@ def test_ctrl_c_reaches_the_submit_in_the_server(cache, tmp_path):
         assert proc.wait(timeout=60) == 130, said.read_text()
     assert "interrupted (SIGINT); the job's tasks were cancelled" in said.read_text()
     assert not command.is_running() and not list(tmp_path.glob("r.json*"))
+
+
+def test_ctrl_z_stops_the_submit_in_the_server_and_fg_continues_it(cache, tmp_path):
+    job = write_job(tmp_path / "m.yaml", {"workload": "mandelbrot", "params": {"width": 2048, "height": 2048}})
+    said = tmp_path / "stderr.txt"
+    cmd = [sys.executable, "-m", "mgpu", "submit", str(job), "--json", str(tmp_path / "r.json")]
+    command = _forked_ahead(cache)
+    with open(said, "w") as err, subprocess.Popen(cmd, env=_env(cache), stdout=err, stderr=err) as proc:
+        caller = psutil.Process(proc.pid)
+        try:
+            wait_for(lambda: "plan:" in said.read_text() or proc.poll() is not None, 60, "the job's plan")
+            proc.send_signal(signal.SIGTSTP)
+            wait_for(lambda: _stopped(command), 30, "the command stopped")
+            assert _stopped(caller)
+            proc.send_signal(signal.SIGCONT)
+            wait_for(lambda: not _stopped(command), 30, "the command continued")
+            assert proc.wait(timeout=120) == 0, said.read_text()
+        finally:  # a stopped command or caller would hold the test up
+            for stopped in (command, caller):
+                with contextlib.suppress(psutil.Error):
+                    stopped.resume()
+                    stopped.kill()
+    assert json.loads((tmp_path / "r.json").read_text())["status"] == "ok"
 
 
 def test_a_submit_whose_caller_was_killed_ends(cache, tmp_path):
