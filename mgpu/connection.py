@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from distributed import Client
 
-__all__ = ["PROMPT_S", "ahead", "connect_ahead", "read_versions_ahead", "send_promptly", "take_ahead"]
+__all__ = ["PROMPT_S", "ahead", "connect_ahead", "forget_ahead", "read_versions_ahead", "send_promptly", "take_ahead"]
 
 # How long a client holds a message to the scheduler to batch it with those that follow:
 # what a Dask worker's stream to a client waits (distributed.worker), not the client's
@@ -78,6 +78,14 @@ def connect_ahead(address: str, name: str | None = None) -> threading.Thread | N
     if address not in pending:
         pending[address] = _Connection(address, name)
     return pending[address].thread
+
+
+def forget_ahead(address: str) -> None:
+    """Close the client :func:`connect_ahead` began connecting to ``address``, unused (a job
+    that joins it then connects anew)."""
+    connection = _ahead().pending.pop(address, None)
+    if connection is not None:
+        connection.close(_UNTAKEN_S)
 
 
 def take_ahead(address: str) -> Client | None:

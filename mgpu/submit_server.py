@@ -279,19 +279,29 @@ class _Server:
         try:
             self._leave_the_server()
             sys.stdin.close()  # the server's pipe from cluster up's process: its end is the server's
+            import copy
+
+            import dask.config
+
             from .connection import ahead
 
             assert self.address is not None
             ahead(self.address, CLIENT_NAME)  # the connection the command takes (mgpu.connection.take_ahead)
+            connected_with = copy.deepcopy(dask.config.config)
             copy_the_heap()  # while it waits, not page by page as the command writes
             asked, fds = _read_request(pipe)
         except BaseException:  # the server went away (or stopped it): nothing to run
             os._exit(0)
-        self._become_the_command(asked, fds, left=True)
+        self._become_the_command(asked, fds, connected_with=connected_with)
 
-    def _become_the_command(self, asked: dict[str, Any], fds: list[int], *, left: bool = False) -> NoReturn:
+    def _become_the_command(
+        self, asked: dict[str, Any], fds: list[int], *, connected_with: dict[str, Any] | None = None
+    ) -> NoReturn:
         """In the forked process: take the command's streams, environment, folder and
-        arguments, and run it. Never returns."""
+        arguments, and run it. ``connected_with``: in the process forked ahead, the Dask
+        configuration its connection to the scheduler was made with; where the command's
+        differs, the command connects anew, with its own. Never returns."""
+        left = connected_with is not None
         code: int | str | None = 1
         try:
             if not left:
@@ -312,6 +322,10 @@ class _Server:
             import dask.config
 
             dask.config.refresh()  # the command's environment and configuration files
+            if connected_with is not None and _spelled(dask.config.config) != _spelled(connected_with) and self.address:
+                from .connection import forget_ahead
+
+                forget_ahead(self.address)
             from .signals import exit_on_signals_while_starting
 
             exit_on_signals_while_starting()
@@ -363,6 +377,12 @@ def copy_the_heap() -> None:
             if fields[1].startswith("rw") and fields[1][3] == "p" and anonymous:
                 start, end = (int(x, 16) for x in fields[0].split("-"))
                 libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_POPULATE_WRITE)
+
+
+def _spelled(config: dict[str, Any]) -> dict[str, Any]:
+    """Dask's configuration with each key spelled one way: Dask takes ``_`` and ``-`` for one
+    another (a key set from the environment before its default is known keeps its ``_``)."""
+    return {str(k).replace("_", "-"): _spelled(v) if isinstance(v, dict) else v for k, v in config.items()}
 
 
 def _send(pipe: socket.socket, asked: dict[str, Any], fds: list[int]) -> None:

@@ -102,6 +102,33 @@ def test_the_submit_takes_its_own_environment_and_exit_code(cache, tmp_path):
     assert "distributed" not in _imported_by_the_command(bad.stderr)
 
 
+def test_the_submit_connects_with_its_own_dask_configuration(cache, tmp_path):
+    job = write_job(tmp_path / "dot.yaml", {"workload": "dot", "params": {"n": 1000}})
+    # A connection no one could make in time: the process forked ahead connected without it.
+    env = {"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "0.00001"}
+    handed = _mgpu(cache, ["submit", job, "-q"], cwd=tmp_path, **env)
+    elsewhere = os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(tmp_path)])  # another module path
+    itself = _mgpu(cache, ["submit", job, "-q"], cwd=tmp_path, PYTHONPATH=elsewhere, **env)
+    assert "distributed" not in _imported_by_the_command(handed.stderr)
+    assert "distributed" in _imported_by_the_command(itself.stderr)
+    for done in (handed, itself):
+        said = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
+        assert done.returncode == 2 and "could not connect" in said[-1], done.stderr
+
+
+def test_the_same_environment_reads_as_the_same_configuration(tmp_path):
+    # What the process forked ahead connected with, against what a submit in the same
+    # environment reads again: the same, so the submit takes the connection made ahead.
+    probe = (
+        "import copy, dask.config\nfrom mgpu import submit_server\nsubmit_server.prepare()\n"
+        "before = copy.deepcopy(dask.config.config)\ndask.config.refresh()\n"
+        "print(submit_server._spelled(before) == submit_server._spelled(dask.config.config))"
+    )
+    env = {**os.environ, "DASK_MGPU__CACHE_DIR": str(tmp_path), "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "9s"}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "True", done.stderr
+
+
 def test_a_command_the_server_would_run_otherwise_runs_itself(cache, tmp_path):
     write_job(tmp_path / "dot.yaml", {"workload": "dot", "params": {"n": 1000}})
     extra = tmp_path / "lib"
