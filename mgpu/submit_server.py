@@ -278,7 +278,11 @@ class _Server:
         (its request and streams, from ``pipe``) and run it. Never returns."""
         try:
             self._leave_the_server()
-            sys.stdin.close()  # the server's pipe from cluster up's process: its end is the server's
+            # Not the server's pipe from cluster up's process, which is the server's to read;
+            # and descriptor 0 stays taken, so that the streams received land above 2.
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
             import copy
 
             import dask.config
