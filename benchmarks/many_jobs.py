@@ -104,10 +104,11 @@ def snapshot(procs: dict[str, psutil.Process]) -> dict[str, Any]:
     return out
 
 
-def scheduler_state(address: str, known: frozenset[str] = frozenset()) -> dict[str, Any]:
+def scheduler_state(address: str, known: frozenset[str] = frozenset(), waiting: int = 0) -> dict[str, Any]:
     """What the scheduler holds: tasks, workers, worker plugins, and its clients other than
     this one, ``known`` (the client of the process that holds the cluster) and those
-    waiting for a submit (counted apart)."""
+    waiting for a submit (counted apart; read once ``waiting`` of them have connected, as
+    the process forked for the next submit does a moment after the last one ended)."""
     from distributed import Client
 
     from mgpu.submit_server import CLIENT_NAME
@@ -125,10 +126,10 @@ def scheduler_state(address: str, known: frozenset[str] = frozenset()) -> dict[s
                 client.id,
             )
             # The client of the process the cluster's submit server forked ahead for the next submit.
-            waiting = [c for c in state["clients"] if c.startswith(f"Client-{CLIENT_NAME}-")]
-            state["waiting"] = len(waiting)
-            state["clients"] = [c for c in state["clients"] if c not in known and c not in waiting]
-            if state["tasks"] == 0 or time.monotonic() > deadline:
+            ahead = [c for c in state["clients"] if c.startswith(f"Client-{CLIENT_NAME}-")]
+            state["waiting"] = len(ahead)
+            state["clients"] = [c for c in state["clients"] if c not in known and c not in ahead]
+            if (state["tasks"] == 0 and state["waiting"] >= waiting) or time.monotonic() > deadline:
                 return state
             time.sleep(0.2)
 
@@ -200,7 +201,7 @@ def measure(n_jobs: int, n_workers: int, out: Path, *, separate: bool = False) -
             "joined": sum(r["job"]["cluster"]["scheduler"] == running["address"] for r in results),
             "lost_workers": sorted({w for r in results for w in r["recovery"]["lost_workers"]}),
         }
-        report["scheduler"] = scheduler_state(running["address"], known)
+        report["scheduler"] = scheduler_state(running["address"], known, waiting=1)
         # mgpu has exited: nothing of it may be left under this process.
         report["stray"] = [" ".join(p.cmdline()[:6]) for p in psutil.Process().children(recursive=True)]
     finally:
