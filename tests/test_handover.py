@@ -164,8 +164,7 @@ def test_ctrl_z_stops_the_submit_in_the_server_and_fg_continues_it(cache, tmp_pa
         try:
             wait_for(lambda: "plan:" in said.read_text() or proc.poll() is not None, 60, "the job's plan")
             proc.send_signal(signal.SIGTSTP)
-            wait_for(lambda: _stopped(command), 30, "the command stopped")
-            assert _stopped(caller)
+            wait_for(lambda: _stopped(command) and _stopped(caller), 30, "the command and its caller stopped")
             proc.send_signal(signal.SIGCONT)
             wait_for(lambda: not _stopped(command), 30, "the command continued")
             assert proc.wait(timeout=120) == 0, said.read_text()
