@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import psutil
 from distributed import Client, LocalCluster, SpecCluster
 
-from . import config
+from . import config, mps
 from .connection import send_promptly, take_ahead
 from .ending import end_workers, kill_processes, worker_processes
 from .errors import JobInputError
@@ -90,6 +90,8 @@ class ResolvedCluster:
     why: str = ""  # why this backend, for the first line the user sees
     spill: str = "none"  # "managed" only where it can work: GPU workers mgpu starts
     workers_per_device: int = 1  # worker processes mgpu starts on each GPU
+    mps: str | None = None  # the MPS control program whose daemon those workers share (mgpu.mps)
+    mps_required: bool = False  # cluster.mps: true (else a daemon that does not start is done without)
 
 
 @dataclass
@@ -348,8 +350,37 @@ def resolve_cluster(spec: ClusterSpec, *, given_client: bool = False) -> Resolve
     # CPU workers are one per core already: several per device is for GPUs.
     per_device = spec.workers_per_device if backend == "cuda" else 1
     return ResolvedCluster(
-        backend, ids, spec.allocator, protocol, spec.memory_limit, None, spec.dashboard, why, spill, per_device
+        backend,
+        ids,
+        spec.allocator,
+        protocol,
+        spec.memory_limit,
+        None,
+        spec.dashboard,
+        why,
+        spill,
+        per_device,
+        _mps_program(spec.mps) if per_device > 1 else None,
+        spec.mps is True,
     )
+
+
+def _mps_program(choice: str | bool) -> str | None:
+    """The MPS control program the workers sharing a GPU use: where installed, unless
+    ``cluster.mps`` is false.
+
+    Raises
+    ------
+    JobInputError
+        If ``cluster.mps`` is true and the program is not installed.
+    """
+    program = mps.control_program() if choice is not False else None
+    if choice is True and program is None:
+        raise JobInputError(
+            f"cluster.mps: true needs NVIDIA's {mps.CONTROL} on PATH, and it is not there; "
+            "use auto (MPS where installed) or false (the workers take turns at the GPU)"
+        )
+    return program
 
 
 def _check_cpu_devices(devices: str | int | list[int], cores: int, *, chosen: bool) -> None:
@@ -384,6 +415,7 @@ def _start_cuda(rc: ResolvedCluster) -> Any:
     return start_cuda_cluster(
         rc.devices,
         per_device,
+        _start_mps(rc),
         host="127.0.0.1",  # nothing outside this machine needs to reach a cluster mgpu starts
         protocol=rc.protocol,
         dashboard_address=rc.dashboard,
@@ -393,6 +425,26 @@ def _start_cuda(rc: ResolvedCluster) -> Any:
         preload=[WORKER_PRELOAD, COLLECTOR_PRELOAD],
         **rmm_options(rc.allocator, share, rc.spill),
     )
+
+
+def _start_mps(rc: ResolvedCluster) -> mps.MpsDaemon | None:
+    """The MPS control daemon of a cluster whose workers share GPUs, where it has one.
+
+    Raises
+    ------
+    JobInputError
+        If ``cluster.mps`` is true and the daemon does not start; with ``auto`` the
+        workers take turns instead, and a warning says why.
+    """
+    if rc.mps is None:
+        return None
+    try:
+        return mps.start_daemon(rc.mps)
+    except RuntimeError as e:
+        if rc.mps_required:
+            raise JobInputError(f"cluster.mps: true, but {e}; use auto or false") from None
+        warnings.warn(f"{e}: the workers sharing a GPU take turns at it instead", RuntimeWarning, stacklevel=2)
+        return None
 
 
 def _start_cpu(rc: ResolvedCluster) -> LocalCluster:
@@ -462,8 +514,8 @@ def _survey(client: Client, settings: config.Settings | None = None, stream: flo
         return None
     facts = {addr: f for addr, (f, _, _, _) in answers.items()}
     ordered = dict(sorted(facts.items(), key=lambda kv: (kv[1].host, kv[1].id, kv[0])))
-    shared = shared_by(ordered)
-    if any(n > 1 for n in shared.values()):
+    shared = turn_takers(ordered)
+    if shared:
         client.run(take_turns, shared, workers=list(shared))
     return Survey(
         ordered,
@@ -471,6 +523,13 @@ def _survey(client: Client, settings: config.Settings | None = None, stream: flo
         bool(answers) and all(slot for _, _, slot, _ in answers.values()),
         {addr: frozenset(keys) for addr, (_, _, _, keys) in answers.items()},
     )
+
+
+def turn_takers(devices: dict[str, DeviceFacts]) -> dict[str, int]:
+    """The workers that take turns at their GPU (address -> how many share it): those that
+    share one, unless their work goes to an MPS server (:mod:`mgpu.mps`), where it runs
+    side by side with no switch between contexts to save."""
+    return {addr: n for addr, n in shared_by(devices).items() if n > 1 and not devices[addr].mps}
 
 
 def _set_up(settings: dict[str, Any], dask_worker: Any = None) -> bool:

@@ -54,6 +54,8 @@ class ClusterSpec(BaseModel):
     backend: Literal["auto", "cuda", "cpu"] = "auto"
     devices: Literal["all"] | int | list[int] = "all"
     workers_per_device: int = 1
+    # NVIDIA's MPS for the workers that share a GPU (see mgpu.mps): "auto" where installed.
+    mps: Literal["auto"] | bool = "auto"
     allocator: AllocatorChoice = AllocatorChoice.POOL
     memory_limit: Literal["auto"] | int | float | str = "auto"
     spill: Literal["none", "managed"] = "managed"
@@ -96,6 +98,13 @@ class ClusterSpec(BaseModel):
         if not 1 <= v <= MAX_WORKERS_PER_DEVICE:
             raise ValueError(f"expected a whole number from 1 to {MAX_WORKERS_PER_DEVICE}, got {v}")
         return v
+
+    @field_validator("mps", mode="before")
+    @classmethod
+    def _mps(cls, v: Any) -> Any:
+        if v == "auto" or isinstance(v, bool):
+            return v
+        raise ValueError(f"expected auto (MPS where installed), true or false, got {v!r}")
 
     @field_validator("memory_limit")
     @classmethod

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
 pytest.importorskip("dask_cuda")
 
-from conftest import cuda_cluster, gpu_count, gpu_workers, npy_operands, sharing_one_gpu  # noqa: E402
+from conftest import cuda_cluster, gpu_count, gpu_workers, npy_operands, sharing_one_gpu, wait_for  # noqa: E402
 
 from mgpu.client.run import run_job  # noqa: E402
 from mgpu.spec import validate_job  # noqa: E402
@@ -747,3 +747,30 @@ def test_each_gpu_worker_has_its_own_runtime():
             assert ids == [0, 0] and len(uuids) == 1
         else:
             assert ids == [0, 1] and len(uuids) == 2
+
+
+def test_workers_sharing_a_gpu_run_under_an_mps_daemon_of_their_own_that_ends_with_the_cluster():
+    import tempfile
+    from pathlib import Path
+
+    import psutil
+
+    from mgpu import mps
+
+    if mps.control_program() is None:
+        pytest.skip(f"NVIDIA's {mps.CONTROL} is not installed")
+
+    def daemons() -> set[int]:
+        return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == mps.CONTROL}
+
+    folders, running = set(Path(tempfile.gettempdir()).glob("mgpu-mps-*")), daemons()
+    params = {"n": 60_000_000, "dtype": "float32"}
+    under = run_job(validate_job(_job("dot", params, devices=[0], workers_per_device=3)))
+    turns = run_job(validate_job(_job("dot", params, devices=[0], workers_per_device=3, mps=False)))
+    assert under.verify.passed and turns.verify.passed and under.value == pytest.approx(turns.value, rel=1e-12)
+    assert [(d["workers"], d["sharing"]) for d in under.devices] == [(3, "mps")]
+    assert [(d["workers"], d["sharing"]) for d in turns.devices] == [(3, "turns")]
+    assert len(under.per_worker) == 3 and all(w.tiles >= 1 for w in under.per_worker)
+    # The daemon and its folder went with the cluster.
+    assert set(Path(tempfile.gettempdir()).glob("mgpu-mps-*")) == folders
+    wait_for(lambda: daemons() <= running, 10, "the cluster's MPS control daemon to end")

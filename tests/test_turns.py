@@ -158,3 +158,6 @@ def test_a_tile_holds_its_turn_from_its_first_work_on_the_device_until_that_work
     dev = Device("cpu", np, DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h"))
     record = run_tile(Logged(params, verify=True), dev, Tile(1, {"rows": (4, 12)}), turn=turn)
     assert events == ["turn", "run", "check", "turn ends", "verdict"] and record.verify_ok is True
+    # Its record tells when the turn came and ended: the wait for it shows, and the work in it.
+    marks = record.marks
+    assert record.start <= marks["turn"] <= marks["turn_done"] <= marks["checked"] <= record.stop

@@ -222,13 +222,22 @@ def _row(
 
 
 def _devices(info: ClusterInfo) -> list[dict[str, Any]]:
-    """The physical devices of the cluster, each once, with how many workers shared it."""
+    """The physical devices of the cluster, each once, with how many workers shared it and,
+    where several did, how: side by side under MPS ("mps") or taking turns ("turns")."""
     out = []
     for addrs in by_device(info.devices).values():
         f = info.devices[addrs[0]]
-        out.append(
-            {"id": f.id, "name": f.name, "memory": f.memory, "host": f.host, "uuid": f.physical, "workers": len(addrs)}
-        )
+        row = {
+            "id": f.id,
+            "name": f.name,
+            "memory": f.memory,
+            "host": f.host,
+            "uuid": f.physical,
+            "workers": len(addrs),
+        }
+        if len(addrs) > 1 and f.backend == "cuda":
+            row["sharing"] = "mps" if all(info.devices[a].mps for a in addrs) else "turns"
+        out.append(row)
     return out
 
 

@@ -45,6 +45,8 @@ class DeviceFacts:
     # Bytes the worker's allocator may hand out (its RMM pool's limit or size), where it has one.
     budget: int | None = None
     pid: int = 0  # the worker's process, which its tiles' records name
+    # Its CUDA work goes to an MPS server (mgpu.mps): it shares the GPU without taking turns.
+    mps: bool = False
 
     @property
     def physical(self) -> str:

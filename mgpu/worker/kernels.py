@@ -20,6 +20,7 @@ __all__ = [
     "RANDOM_C_TYPES",
     "is_cupy",
     "matvec_f64",
+    "multiprocessors",
     "random_block",
     "stream_key",
     "to_host",
@@ -48,6 +49,23 @@ def stream_key(seed: int, operand: int) -> int:
 def is_cupy(xp: Any) -> bool:
     """Whether ``xp`` is CuPy (else it is NumPy)."""
     return xp.__name__ == "cupy"
+
+
+def multiprocessors() -> int:
+    """The current GPU's multiprocessor count, read once a device: CuPy's
+    ``Device().attributes`` reads every attribute the device has at each call, host time
+    that a kernel launched right after it waits out on an idle GPU."""
+    import cupy
+
+    return _multiprocessors(cupy.cuda.runtime.getDevice())
+
+
+@functools.cache
+def _multiprocessors(device: int) -> int:
+    import cupy
+
+    runtime = cupy.cuda.runtime
+    return int(runtime.deviceGetAttribute(runtime.cudaDevAttrMultiProcessorCount, device))
 
 
 def to_host(xp: Any, arr: Any) -> np.ndarray:
@@ -235,8 +253,6 @@ def _cupy_random_module() -> Any:
 def _cupy_random_fill(out: Any, key: int, g_first: int, total_cols: int) -> None:
     """Fill the C-contiguous 2-D ``out`` with a random operand's block whose element (0, 0)
     is the operand's element number ``g_first`` (row length ``total_cols``)."""
-    import cupy
-
     h, w = out.shape
     if out.size == 0:
         return
@@ -247,7 +263,7 @@ def _cupy_random_fill(out: Any, key: int, g_first: int, total_cols: int) -> None
         vec = 1
     kernel = _cupy_random_module().get_function(f"random_rows<{c_type}, {vec}>")
     threads = 256
-    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    sms = multiprocessors()
     flat = out.reshape(-1)
     # Column pieces of at most RANDOM_LAUNCH elements, so every index in the kernel fits
     # 32 bits; at most 65535 rows a launch (the grid's y limit), the kernel strides over more.
@@ -326,7 +342,7 @@ def matvec_f64(xp: Any, m: Any, v: Any) -> Any:
         rows, cols = m.shape
         out = cupy.empty(rows, dtype=cupy.float64)
         if rows and cols:
-            blocks = min(rows, cupy.cuda.Device().attributes["MultiProcessorCount"] * 16)
+            blocks = min(rows, multiprocessors() * 16)
             kernel = _cupy_matvec_module().get_function(_MATVEC[str(m.dtype)])
             kernel((blocks,), (256,), (m, v, np.int64(rows), np.int64(cols), out))
         elif rows:

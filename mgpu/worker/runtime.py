@@ -28,6 +28,7 @@ import psutil
 
 from .. import gpus
 from ..memory.stats import describe_chain, resource_chain
+from ..mps import under_mps
 from .device import Device, DeviceFacts, address_space_room
 from .exchange import PeerBuffers
 from .panels import PanelStore
@@ -135,6 +136,7 @@ def _cuda_device(worker: Any = None) -> Device:
         uuid=gpu.uuid,
         budget=_rmm_budget(worker),
         pid=os.getpid(),
+        mps=under_mps(),
     )
     # Each task thread enqueues on a non-blocking stream of its own, never on the legacy
     # default stream that serialises everything. The threads' streams outrank the shared

@@ -375,6 +375,7 @@ def run_tile(
         fill = _counter(dev, add=True)
     with dev.on_stream():
         with turn():
+            ctx.mark("turn")
             if stepped is not None and stepped.ready is not None:
                 dev.stream.wait_event(stepped.ready)
             answer = workload.run(ctx, tile)
@@ -388,6 +389,7 @@ def run_tile(
             if workload.store(ctx, tile, answer):
                 ctx.mark("written")
             dev.synchronize()
+        ctx.mark("turn_done")
         if callable(verdict):  # its device work ran behind the tile's, waited for with it
             ctx.record.verify_error, ctx.record.verify_ok = verdict()
             ctx.mark("checked")

@@ -170,7 +170,7 @@ def random_pair_with_sums(
     c_type, vec = core.RANDOM_C_TYPES[dtype.name]
     kernel = _cupy_dot_module().get_function(f"random_pair_sums<{c_type}, {vec}>")
     threads = 256
-    blocks = cupy.cuda.Device().attributes["MultiProcessorCount"] * 16
+    blocks = core.multiprocessors() * 16
     pieces = range(0, n, core.RANDOM_LAUNCH)
     partial = cupy.zeros((len(pieces), blocks, 2), dtype=cupy.float64)
     kx, ky = (np.uint64(core.stream_key(seed, op)) for op in operands)
@@ -227,8 +227,7 @@ def _cupy_dot(x: Any, y: Any) -> float:
     n = x.shape[0]
     if n == 0:
         return 0.0
-    dev = cupy.cuda.Device()
-    blocks = dev.attributes["MultiProcessorCount"] * 4
+    blocks = core.multiprocessors() * 4
     threads = 512
     partial = cupy.empty(blocks, dtype=cupy.float64)
     name = str(x.dtype)
@@ -251,7 +250,7 @@ def dot_check(xp: Any, x: Any, y: Any) -> tuple[float, float]:
         n = x.shape[0]
         if n == 0:
             return 0.0, 0.0
-        blocks = cupy.cuda.Device().attributes["MultiProcessorCount"] * 8
+        blocks = core.multiprocessors() * 8
         partial = cupy.empty(2 * blocks, dtype=cupy.float64)
         kernel = _cupy_dot_module().get_function(_DOT_CHECK[str(x.dtype)])
         kernel((blocks,), (256,), (x, y, np.int64(n), partial))
