@@ -32,6 +32,7 @@ NOTES: dict[str, str] = {
     "cluster.backend": "`auto`: cuda where a GPU is visible and CuPy and dask-cuda are installed, else cpu",
     "cluster.devices": "`all`, a count N (GPUs 0..N-1, or N CPU workers), or a list of GPU ids; on CPU `all` is one worker per core",
     "cluster.workers_per_device": "worker processes on each GPU (1 to 32), each with its own pool of 1/N of the device's budget; several share a GPU as MIG slices or small tasks want, and its moves between them stay on the device (CUDA IPC). CPU workers ignore it",
+    "cluster.mps": "how workers mgpu starts several to a GPU share it: `auto` runs them under an NVIDIA MPS control daemon of the cluster's own (their kernels side by side in one context) where `nvidia-cuda-mps-control` is installed; `true` requires it (exit 2 without); `false` has them take turns at the GPU. The GPU's settings stay as they are",
     "cluster.allocator": "`pool`: an RMM pool of `memory_limit`; `async`: RMM on cudaMallocAsync; `managed`: CUDA managed memory; `default`: CuPy's own pool",
     "cluster.memory_limit": "the per-device budget the planner tiles for: `auto` (0.8 of a GPU's memory, 0.5 of a CPU worker's), bytes, a fraction of the device's memory, or a size such as `40GB`",
     "cluster.spill": "`managed`: on GPU workers with a pool or async allocator, an allocation past the budget falls back to managed memory and is counted in the result",

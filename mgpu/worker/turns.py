@@ -1,4 +1,4 @@
-"""Turns at a GPU for the worker processes that share it.
+"""Turns at a GPU for the worker processes that share it outside MPS.
 
 Processes with work on one GPU at once are time-sliced by the driver, and the switches
 cost: on an H100, 2, 4 or 8 processes each running their share of 64 GEMMs of 8192³
@@ -9,7 +9,10 @@ one GPU) run each tile, step and panel in a turn: an exclusive ``flock`` on a fi
 by the GPU's UUID, held by the process while any of its threads is in a turn (its own
 streams share the GPU without time-slicing), released once its work on the GPU has run.
 
-A worker whose device no other worker shares takes no turns: waiting for the GPU at the
+Workers under MPS (:mod:`mgpu.mps`, how a cluster mgpu starts shares a GPU where NVIDIA's
+control program is installed) take none: their work runs in one server context, side by
+side, with no switch between contexts to save. A worker whose device no other worker
+shares takes no turns either: waiting for the GPU at the
 end of every step would cost its host the lead it keeps on the device. A worker killed in
 a turn lets go of it with its process. One stopped (SIGSTOP) in a turn holds it: a thread
 that has waited ``patience`` seconds for a turn goes on without one (time-sliced), so the
