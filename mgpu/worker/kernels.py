@@ -54,7 +54,8 @@ def is_cupy(xp: Any) -> bool:
 def multiprocessors() -> int:
     """The current GPU's multiprocessor count, read once a device: CuPy's
     ``Device().attributes`` reads every attribute the device has at each call, host time
-    that a kernel launched right after it waits out on an idle GPU."""
+    that a kernel launched right after it waits out on an idle GPU (for the dot's 8 tiles
+    taking turns at an H100, 0.28 ms of its 7.7 ms of making x and y)."""
     import cupy
 
     return _multiprocessors(cupy.cuda.runtime.getDevice())
