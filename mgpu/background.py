@@ -45,6 +45,8 @@ class Running:
     workers: int
     log: str
     submit: str | None = None  # the abstract socket its submit server listens at (mgpu.submit_server)
+    # Its MPS control daemon, where its workers share GPUs (mgpu.mps): the program and its folder.
+    mps: tuple[str, str] | None = None
 
 
 def record_path() -> Path:
@@ -57,7 +59,8 @@ def find() -> Running | None:
     left by a process that was killed, is removed)."""
     path = record_path()
     try:
-        running = Running(**json.loads(path.read_text()))
+        record = json.loads(path.read_text())
+        running = Running(**{**record, "mps": tuple(record["mps"]) if record.get("mps") else None})
     except (OSError, ValueError, TypeError):
         return None
     if not _alive(running):
@@ -133,6 +136,14 @@ def down(timeout: float = _CLOSE_S) -> Running | None:
     except ProcessLookupError:
         pass
     _end_group(running.pid, timeout)
+    if running.mps is not None:
+        from .mps import MpsDaemon
+
+        daemon = MpsDaemon(running.mps[0], Path(running.mps[1]))
+        # The cluster's close stops its daemon and removes the folder; a cluster killed
+        # leaves both, and the daemon (a session of its own) outlives its process group.
+        if daemon.folder.exists():
+            daemon.stop()
     record_path().unlink(missing_ok=True)
     return running
 
@@ -195,6 +206,7 @@ def serve(spec: ClusterSpec, path: Path) -> None:
             workers=len(info.devices),
             log=str(path.with_name(LOG)),
             submit=submit,
+            mps=(info.mps.program, str(info.mps.folder)) if info.mps is not None else None,
         )
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(asdict(running), indent=1))

@@ -111,6 +111,8 @@ class ClusterInfo:
     worker_env: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The keys of the warm-ups each worker has run, as the job found it (Survey.warmed).
     warmed: dict[str, frozenset[str]] = field(default_factory=dict)
+    # The MPS control daemon of a cluster mgpu started whose workers share GPUs (mgpu.mps).
+    mps: mps.MpsDaemon | None = None
 
     def tile_resources(self, concurrency: int) -> dict[str, float] | None:
         """The Dask resources a tile task asks for, when ``concurrency`` tiles may share a device."""
@@ -704,6 +706,7 @@ def open_cluster(
                 slots=found.slots,
                 software=found.software,
                 warmed=found.warmed,
+                mps=getattr(cluster, "mps", None),
             )
     finally:
         # Stopped (Ctrl-C, SIGTERM: signals.Interrupted) or failed: tiles may still be running.

@@ -7,7 +7,8 @@ it all, even taking turns (:mod:`mgpu.worker.turns`); under MPS their work runs 
 server's context, side by side: 0.98x, and 8 processes sharing 16 GEMMs of 8192³ took
 0.97x. So a cluster mgpu starts with ``cluster.workers_per_device`` above 1 runs an MPS
 control daemon of its own (``cluster.mps``, on by default where NVIDIA's control program
-is installed), and stops it with the cluster. Its pipe and log folders are in a
+is installed), and stops it with the cluster (``mgpu cluster down`` stops it too where it
+had to kill a cluster that did not close). Its pipe and log folders are in a
 temporary folder of its own: only the cluster's workers, given that folder, connect, and
 the GPU's settings (its compute mode) stay as they are. Workers under MPS take no turns.
 """

@@ -7,19 +7,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import stat
+import subprocess
 import sys
 import tempfile
 import types
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from test_sharing import _FakeLocalCUDACluster, _gpu
 
+from mgpu import background, mps
 from mgpu import cluster as cluster_mod
-from mgpu import mps
 from mgpu.client.result import _devices
 from mgpu.cluster import ClusterInfo, ResolvedCluster, turn_takers
 from mgpu.cuda_cluster import start_cuda_cluster
@@ -145,3 +148,38 @@ def test_a_cluster_mps_that_is_neither_a_choice_nor_a_yes_or_no_is_refused_namin
     assert validate_job({**job, "cluster": {"mps": False}}).cluster.mps is False
     assert validate_job({**job, "cluster": {}}).cluster.mps == "auto"
     assert os.environ.get("CUDA_MPS_PIPE_DIRECTORY") is None  # nothing above leaked into this process
+
+
+def _record(path: Path, proc: subprocess.Popen, daemon: mps.MpsDaemon) -> None:
+    created = psutil.Process(proc.pid).create_time()
+    running = background.Running(
+        "tcp://127.0.0.1:1", None, proc.pid, created, "cuda", 2, "log", mps=(daemon.program, str(daemon.folder))
+    )
+    path.write_text(json.dumps(dataclasses.asdict(running)))
+
+
+@pytest.mark.parametrize("closes", [False, True])
+def test_down_stops_the_daemon_of_a_cluster_it_had_to_kill(tmp_path, private_tmp, monkeypatch, closes):
+    # A cluster's process that ignores SIGTERM (a close that hangs) is killed with its
+    # process group; its MPS daemon, a session of its own, is told to quit after it. One
+    # that closes stopped its daemon itself (its folder is gone): down leaves it be.
+    program, calls = _control(tmp_path)
+    daemon = mps.start_daemon(program)
+    if closes:
+        daemon.stop()
+    said = len(calls.read_text().splitlines())
+    holder = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", holder], start_new_session=True, stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline()  # SIGTERM is ignored from here on
+    monkeypatch.setattr(background, "record_path", lambda: tmp_path / "cluster.json")
+    _record(tmp_path / "cluster.json", proc, daemon)
+    assert background.down(timeout=0.5) is not None
+    proc.wait(10)  # gone long before its minute (down's wait reaps it: no exit code is left here)
+    proc.stdout.close()
+    quits = calls.read_text().splitlines()[said:]
+    assert quits == (
+        []
+        if closes
+        else [f" pipe={daemon.env['CUDA_MPS_PIPE_DIRECTORY']} log={daemon.env['CUDA_MPS_LOG_DIRECTORY']}", "stdin=quit"]
+    )
+    assert not daemon.folder.exists() and not (tmp_path / "cluster.json").exists()
