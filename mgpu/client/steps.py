@@ -263,12 +263,15 @@ class SteppedRun:
             saved = {step: dict(copies) for step, copies in self._saved.items()}
         if not saved:
             return 0, {}
-        futures = [f for copies in saved.values() for fs in copies.values() for f in fs if f.status == "finished"]
+        # The scheduler says which copies are held, and where: a copy it holds is whole even
+        # where this client has not yet heard that its task finished (a worker lost just
+        # then left tiles with no copy finished here, and the job stepped again from step 0).
+        futures = [f for copies in saved.values() for fs in copies.values() for f in fs]
         held = self.client.who_has(futures) if futures else {}
         for step in sorted(saved, reverse=True):
             chosen = {}
             for index, copies in saved[step].items():
-                alive = [f for f in copies if f.status == "finished" and live & set(held.get(f.key, ()))]
+                alive = [f for f in copies if live & set(held.get(f.key, ()))]
                 here = [f for f in alive if self.where[index] in held.get(f.key, ())]
                 if here or alive:
                     chosen[index] = (here or alive)[0]
