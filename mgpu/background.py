@@ -141,7 +141,7 @@ def down(timeout: float = _CLOSE_S) -> Running | None:
 
         daemon = MpsDaemon(running.mps[0], Path(running.mps[1]))
         # The cluster's close stops its daemon and removes the folder; a cluster killed
-        # leaves both, and the daemon (a session of its own) outlives its process group.
+        # leaves both, and the daemon, which detached itself from that process group, outlives it.
         if daemon.folder.exists():
             daemon.stop()
     record_path().unlink(missing_ok=True)

@@ -161,7 +161,7 @@ def _record(path: Path, proc: subprocess.Popen, daemon: mps.MpsDaemon) -> None:
 @pytest.mark.parametrize("closes", [False, True])
 def test_down_stops_the_daemon_of_a_cluster_it_had_to_kill(tmp_path, private_tmp, monkeypatch, closes):
     # A cluster's process that ignores SIGTERM (a close that hangs) is killed with its
-    # process group; its MPS daemon, a session of its own, is told to quit after it. One
+    # process group; its MPS daemon, detached from that group, is told to quit after it. One
     # that closes stopped its daemon itself (its folder is gone): down leaves it be.
     program, calls = _control(tmp_path)
     daemon = mps.start_daemon(program)
