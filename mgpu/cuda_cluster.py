@@ -27,9 +27,9 @@ def worker_names(devices: list[Any], per_device: int) -> list[tuple[str, Any]]:
     return [(f"{d}-{k}", d) for d in devices for k in range(per_device)]
 
 
-def start_cuda_cluster(devices: list[int], per_device: int, mps: MpsDaemon | None = None, **kwargs: Any) -> Any:
+def start_cuda_cluster(devices: list[int], per_device: int, daemon: MpsDaemon | None = None, **kwargs: Any) -> Any:
     """A ``LocalCUDACluster`` of ``per_device`` workers on each GPU of ``devices`` (ordinals);
-    ``kwargs`` are its keywords, the RMM options each worker's. ``mps``: an MPS control
+    ``kwargs`` are its keywords, the RMM options each worker's. ``daemon``: an MPS control
     daemon the workers sharing a GPU connect to (with ``per_device`` > 1), stopped when the
     cluster closes."""
     from dask_cuda import LocalCUDACluster
@@ -37,7 +37,6 @@ def start_cuda_cluster(devices: list[int], per_device: int, mps: MpsDaemon | Non
     visible = ",".join(str(d) for d in devices)
     if per_device == 1:
         return LocalCUDACluster(CUDA_VISIBLE_DEVICES=visible, **kwargs)
-    daemon = mps
     if daemon is not None:
         atexit.register(daemon.stop)  # a cluster never closed (its closing cut short) too
 

@@ -59,20 +59,14 @@ def _slow_cluster(folder: Path, n_workers: int, env: dict[str, str] | None = Non
     return cluster
 
 
-def _in_memory(prefix: str) -> Callable[[Any], int]:
-    def count(dask_scheduler: Any) -> int:
-        return sum(1 for k, ts in dask_scheduler.tasks.items() if str(k).startswith(prefix) and ts.state == "memory")
-
-    return count
-
-
-def _kept_at(step: int) -> Callable[[Any], int]:
-    """How many tiles have their checkpoint at ``step`` kept on a second worker: a tile ahead
-    of the others may have its next one kept before a slower tile has this one."""
-    kept = re.compile(rf"stencil-kept-\d+-{step}-")
+def _in_memory(pattern: str) -> Callable[[Any], int]:
+    """How many keys the scheduler holds in memory that begin with ``pattern`` (a regular
+    expression): a tile ahead of the others may have its next checkpoint kept before a
+    slower tile has this one, so a count of checkpoints names the step."""
+    keys = re.compile(pattern)
 
     def count(dask_scheduler: Any) -> int:
-        return sum(1 for k, ts in dask_scheduler.tasks.items() if kept.match(str(k)) and ts.state == "memory")
+        return sum(1 for k, ts in dask_scheduler.tasks.items() if keys.match(str(k)) and ts.state == "memory")
 
     return count
 
@@ -122,7 +116,7 @@ def test_a_stencil_that_loses_a_worker_resumes_its_bands_and_gives_the_fault_fre
     try:
         job = _stencil_job(tmp_path, seed=3)
         if every:  # once every band's state after step 4 is kept on two workers
-            when = lambda c: c.run_on_scheduler(_kept_at(4)) >= bands  # noqa: E731
+            when = lambda c: c.run_on_scheduler(_in_memory(r"stencil-kept-\d+-4-")) >= bands  # noqa: E731
         else:  # once band 2 (worker 1's) has done five steps
             when = lambda c: c.run_on_scheduler(_in_memory("stencil-step-2-4-")) >= 1  # noqa: E731
         env = {"DASK_MGPU__RECOVERY__CHECKPOINT_STEPS": str(every)}
@@ -205,7 +199,7 @@ def test_a_stencil_on_gpu_workers_that_loses_one_resumes_with_the_same_bits(tmp_
     try:
         job = _stencil_job(tmp_path, seed=5)
         if every:  # once every band's state after step 4 is kept on two workers
-            when = lambda c: c.run_on_scheduler(_kept_at(4)) >= 4  # noqa: E731
+            when = lambda c: c.run_on_scheduler(_in_memory(r"stencil-kept-\d+-4-")) >= 4  # noqa: E731
         else:
             when = lambda c: c.run_on_scheduler(_in_memory("stencil-step-2-4-")) >= 1  # noqa: E731
         env = {"DASK_MGPU__RECOVERY__CHECKPOINT_STEPS": str(every)}
