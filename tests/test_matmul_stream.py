@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from conftest import npy_operands, submit_json, write_job
@@ -18,10 +20,15 @@ def _cover(rows: int, k: int, s: ms.Schedule) -> None:
     started = np.zeros(rows, bool)
     finished = np.zeros(rows, np.int32)
     resident: dict[int, tuple[int, int]] = {}
+    b_read = np.zeros(k, np.int32)  # B kept whole: each of its rows read once, before use
     steps = s.steps(rows, k)
     for t, st in enumerate(steps):
         (a0, a1), (k0, k1) = st.rows, st.block
         done[a0:a1, k0:k1] += 1
+        if s.whole_k:
+            b_read[k0:k1] += st.load_b
+            assert (b_read[k0:k1] == 1).all() and st.load_b == (st.panel == 0)
+            assert st.panel == 0 or (st.block == (0, k) and st.first and st.done)  # one product over all of k
         if st.first:
             assert not started[a0:a1].any() or finished[a0:a1].all()  # a new panel
             started[a0:a1] = True
@@ -29,12 +36,13 @@ def _cover(rows: int, k: int, s: ms.Schedule) -> None:
         assert started[a0:a1].all() and not finished[a0:a1].any()
         if st.done:
             finished[a0:a1] += 1
-        if st.load_b:
+        if st.load_b and not s.whole_k:
             assert t == 0 or st.b_slot != steps[t - 1].b_slot
             resident[st.b_slot] = st.block
-        assert resident[st.b_slot] == st.block  # the block is in the buffer the step reads
+        assert s.whole_k or resident[st.b_slot] == st.block  # the block is in the buffer the step reads
         assert 0 <= st.b_slot < s.b_slots
     assert (done == 1).all() and (finished == 1).all()
+    assert not s.whole_k or (b_read == 1).all()
 
 
 @pytest.mark.parametrize(
@@ -50,9 +58,33 @@ def _cover(rows: int, k: int, s: ms.Schedule) -> None:
 @pytest.mark.parametrize("first,smallest", [(0, 0), (4, 3), (1, 1)])
 def test_every_product_runs_once_and_every_row_is_finished_once(rows, k, panel, kb, final, bands, first, smallest):
     _cover(rows, k, ms.Schedule(panel, kb, final, bands, max(2, final), first, smallest))
+    # B kept whole: the first panel over its blocks as they come, the others over all of k.
+    _cover(rows, k, ms.Schedule(panel, kb, 0, bands, 1, first, smallest, whole_k=True))
 
 
-def test_the_first_product_waits_for_a_small_read_and_the_last_write_is_small():
+def test_b_stays_whole_where_it_fits_beside_two_panels_and_all_of_c_does_not():
+    s = ms.choose(rows=32768, n=32768, k=32768, itemsize=4, budget=6 << 30, verify=True)
+    assert s.whole_k and s.panel_rows % ms.MIN_BAND_ROWS == 0 and ms.WHOLE_K_ROWS <= s.panel_rows < 32768
+    assert ms.working_set(s, 32768, 32768, 4, True, 32768) <= 6 << 30
+    taller = dataclasses.replace(s, panel_rows=s.panel_rows + ms.MIN_BAND_ROWS)
+    assert ms.working_set(taller, 32768, 32768, 4, True, 32768) > 6 << 30  # the panels are as tall as fit
+    steps = s.steps(32768, 32768)
+    widths = [st.block[1] - st.block[0] for st in steps[:5]]
+    assert widths == [256, 256, 512, 1024, 2048]  # the first block in pieces, each read while the last multiplies
+    assert sum(st.load_b for st in steps) == 16 + 3 and all(st.load_b for st in steps if st.panel == 0)
+    # Three quarters of the work and more in products over all of k; the last write small.
+    whole = sum((st.rows[1] - st.rows[0]) * 32768 for st in steps if st.block == (0, 32768))
+    assert whole / 32768**2 > 0.75
+    done = [st.rows[1] - st.rows[0] for st in steps if st.done]
+    assert sum(done) == 32768 and done[-1] <= 512
+    # Where B cannot stay whole beside two panels of WHOLE_K_ROWS rows: C is kept, or panels of it.
+    assert not ms.choose(rows=32768, n=32768, k=32768, itemsize=4, budget=5 << 30, verify=True).whole_k
+    # Where all of C fits beside B, C is kept: the products' sums stay on the device.
+    assert not ms.choose(rows=4096, n=4096, k=32768, itemsize=4, budget=16 << 30, verify=True).whole_k
+
+
+def test_the_first_product_waits_for_a_small_read_and_the_last_write_is_small(monkeypatch):
+    monkeypatch.setattr(ms, "WHOLE_K_ROWS", 1 << 20)  # C kept, as where B cannot stay whole
     s = ms.choose(rows=32768, n=32768, k=32768, itemsize=4, budget=6 << 30, verify=True)
     # Blocks of 1024 rows leave room for more of B beside C than blocks of 2048 (5 of them).
     assert s.block_rows == 1024 and s.final_blocks * s.block_rows > 5 * 2048
@@ -80,7 +112,8 @@ def test_blocks_stay_for_the_next_panel_and_bands_finish_one_by_one():
     assert done == [(0, 10), (10, 20), (20, 30), (30, 40)]
 
 
-def test_the_schedule_keeps_all_of_c_where_it_fits_and_panels_where_not():
+def test_the_schedule_keeps_all_of_c_where_it_fits_and_panels_where_not(monkeypatch):
+    monkeypatch.setattr(ms, "WHOLE_K_ROWS", 1 << 20)  # C kept, as where B cannot stay whole
     s = ms.choose(rows=1000, n=800, k=600, itemsize=4, budget=64 << 20, verify=True)
     assert s.panel_rows == 1000 and s.final_blocks == min(ms.FINAL_BLOCKS, 0) or s.block_rows == 600
     big = ms.choose(rows=32768, n=32768, k=32768, itemsize=4, budget=6 << 30, verify=True)
@@ -102,9 +135,11 @@ def _files(tmp_path, m, k, n):
     return npy_operands(tmp_path, m, k, n, seed=9)
 
 
-@pytest.mark.parametrize("limit", ["8MB", "200KB"])  # all of C on each worker; panels of it
+@pytest.mark.parametrize("limit", ["8MB", "200KB", "420KB"])  # all of C on each worker; panels of it; B whole
 def test_streamed_matmul_from_files_to_a_file(tmp_path, scheduler, monkeypatch, limit):
     monkeypatch.setattr(ms, "BLOCK_ROWS", 32)  # 5 blocks of B (the plan is made here, on the client)
+    monkeypatch.setattr(ms, "MIN_BAND_ROWS", 8)
+    monkeypatch.setattr(ms, "WHOLE_K_ROWS", 16)
     m, k, n = 203, 150, 170
     a, b, files = _files(tmp_path, m, k, n)
     out = tmp_path / "c.npy"
@@ -121,9 +156,14 @@ def test_streamed_matmul_from_files_to_a_file(tmp_path, scheduler, monkeypatch, 
     assert pcie["minimum_bytes"] == 8 * (m * k + k * n + m * n)
     # What the workers moved is what the plan said; within one panel a worker reads B once.
     assert pcie["bytes"] == pcie["naive_bytes"] >= pcie["budget_minimum_bytes"] >= pcie["minimum_bytes"]
+    # Products over all of k where B stays whole beside panels of C, over its blocks elsewhere.
+    assert (data["plan"]["tile_shape"]["k"] == k) is (limit == "420KB")
     if limit == "8MB":
         assert pcie["bytes"] == 8 * (m * k + 2 * k * n + m * n)  # B once per worker
         assert data["plan"]["tile_shape"]["m"] == 102  # each worker all its rows of C
+    elif limit == "420KB":  # B once per worker, kept whole beside panels of C
+        assert pcie["bytes"] == 8 * (m * k + 2 * k * n + m * n)
+        assert 16 <= data["plan"]["tile_shape"]["m"] < 102
     else:  # panels of C: B again for each, less the 4 blocks each finds still there
         panels = -(-102 // data["plan"]["tile_shape"]["m"])
         assert panels >= 2

@@ -18,6 +18,13 @@ Between panels (where C does not fit) the k-blocks run in the other direction, s
 blocks the last panel ended with are still on the device for the next one. Each tile's
 record says where its time went (:mod:`mgpu.workloads.matmul.writers`).
 
+Where all of B fits beside two panels of C and two of A (``Schedule.whole_k``), B stays on
+the device whole: the first panel reads it block by block as above, and each later panel
+is one product over all of k (``beta = 0``), its C written while the next panel, in the
+other C buffer, multiplies; the last panel runs in bands. A product over a block of k
+reads and writes its rows of C again: at 32768³ float32 in blocks of 1024 rows, on an H100,
+the products ran at 49 TFLOP/s where one product over all of k runs at 54.
+
 B's rows (``B[kblock, :]``) are contiguous in a C-ordered ``.npy``, so they come through
 KvikIO; A's blocks ``A[rows, kblock]`` are a range per row, copied from a memory map through
 the pinned stager (:mod:`mgpu.worker.transfer`). The schedule is plain data made on the client
@@ -68,6 +75,10 @@ BLOCK_ROWS = 2048  # rows of B a step (columns of A): the product stays efficien
 FINAL_BLOCKS = 4  # k-blocks kept on the device at a panel's end, so its bands finish one by one
 BANDS = 8  # bands of C finished (and written) one after another at a panel's end
 MIN_BAND_ROWS = 256
+# The fewest rows a panel over all of k has: shorter products lose the GEMM's rate.
+WHOLE_K_ROWS = 2048
+# Bands of the last panel over all of k: its write, the one no product hides, is small.
+WHOLE_K_BANDS = 4
 # The first block of the first panel is read in pieces of this many rows of B, doubling:
 # the first product waits for 256 rows of B and 256 columns of A (64 MiB at 32768³
 # float32), not a whole block (256 MiB in blocks of 1024 rows, 512 in blocks of 2048).
@@ -95,6 +106,7 @@ class Step:
     load_b: bool
     first: bool
     done: bool
+    panel: int = 0  # the panel of C the rows are in (panels take the C buffers in turn)
 
 
 @dataclass(frozen=True)
@@ -108,6 +120,13 @@ class Schedule:
     b_slots: int
     first_rows: int = 0  # the first panel's first block in pieces from this many rows (0: whole)
     smallest_band: int = 0  # the last band in halves down to this many rows (0: equal bands)
+    # B kept whole on the device: the panels after the first are one product over all of k.
+    whole_k: bool = False
+
+    @property
+    def c_slots(self) -> int:
+        """C buffers: two where a panel's C is written while the next panel multiplies."""
+        return 2 if self.whole_k else 1
 
     def steps(self, rows: int, k: int) -> list[Step]:
         return steps(rows, k, self)
@@ -125,8 +144,10 @@ def steps(rows: int, k: int, s: Schedule) -> list[Step]:
     the one the step before multiplies (its product may still run while the next block
     is read).
     """
+    if s.whole_k:
+        return _whole_k_steps(rows, k, s)
     blocks = split_by_size(k, s.block_rows)
-    order: list[tuple[tuple[int, int], tuple[int, int], bool, bool]] = []  # rows, block, first, done
+    order: list[tuple[tuple[int, int], tuple[int, int], bool, bool, int]] = []  # rows, block, first, done, panel
     for p, (p0, p1) in enumerate(split_by_size(rows, s.panel_rows)):
         seq = blocks if p % 2 == 0 else blocks[::-1]
         final = min(s.final_blocks, len(seq) - 1)
@@ -134,14 +155,14 @@ def steps(rows: int, k: int, s: Schedule) -> list[Step]:
         if p == 0 and s.first_rows:
             head = first_pieces(head[0], s.first_rows) + head[1:]
         for i, blk in enumerate(head):
-            order.append(((p0, p1), blk, i == 0, final == 0 and i == len(head) - 1))
+            order.append(((p0, p1), blk, i == 0, final == 0 and i == len(head) - 1, p))
         if final:
             for b0, b1 in band_bounds(p1 - p0, s.bands, s.smallest_band):
                 for blk in seq[len(seq) - final :]:
-                    order.append(((p0 + b0, p0 + b1), blk, False, blk == seq[-1]))
+                    order.append(((p0 + b0, p0 + b1), blk, False, blk == seq[-1], p))
     resident: dict[int, tuple[int, int]] = {}  # B buffer -> the block in it
     out: list[Step] = []
-    for t, (rws, blk, first, done) in enumerate(order):
+    for t, (rws, blk, first, done, panel) in enumerate(order):
         slot = next((i for i, held in resident.items() if held == blk), None)
         load = slot is None
         if slot is None:
@@ -153,7 +174,24 @@ def steps(rows: int, k: int, s: Schedule) -> list[Step]:
                 later = [i for i in resident if i != busy] or list(resident)
                 slot = max(later, key=lambda i: _next_use(resident[i], order, t))
             resident[slot] = blk
-        out.append(Step(rws, blk, slot, load, first, done))
+        out.append(Step(rws, blk, slot, load, first, done, panel))
+    return out
+
+
+def _whole_k_steps(rows: int, k: int, s: Schedule) -> list[Step]:
+    """:func:`steps` where B stays on the device whole (``s.whole_k``): the first panel
+    multiplies each block of B as it is read (the first block in pieces); each later
+    panel is one product over all of k that starts its sums, the last one band by band.
+    B is read once, into one buffer (``b_slot`` 0)."""
+    blocks = split_by_size(k, s.block_rows)
+    panels = split_by_size(rows, s.panel_rows)
+    head = first_pieces(blocks[0], s.first_rows) + blocks[1:] if s.first_rows else blocks
+    (p0, p1) = panels[0]
+    out = [Step((p0, p1), blk, 0, True, i == 0, i == len(head) - 1, 0) for i, blk in enumerate(head)]
+    for p, (p0, p1) in enumerate(panels[1:], start=1):
+        last = p == len(panels) - 1
+        bands = band_bounds(p1 - p0, s.bands, s.smallest_band) if last else [(0, p1 - p0)]
+        out += [Step((p0 + b0, p0 + b1), (0, k), 0, False, True, True, p) for b0, b1 in bands]
     return out
 
 
@@ -200,11 +238,31 @@ def _next_use(blk: tuple[int, int], order: list[Any], t: int) -> int:
     return next((u for u in range(t, len(order)) if order[u][1] == blk), len(order))
 
 
-def working_set(s: Schedule, rows: int, n: int, itemsize: int, verify: bool) -> int:
-    """Device bytes a schedule holds: C's panel, two A blocks, the B buffers, the check's vectors."""
+def working_set(s: Schedule, rows: int, n: int, itemsize: int, verify: bool, k: int = 0) -> int:
+    """Device bytes a schedule holds: C's panel, two A blocks, the B buffers, the check's
+    vectors; where B stays whole (its ``k`` rows), two panels of C and two of A beside it."""
     kb = s.block_rows
+    if s.whole_k:
+        check = 8 * (2 * rows + n + 2 * k) if verify else 0
+        return itemsize * (k * n + 2 * s.panel_rows * (n + k)) + check
     check = 8 * (2 * rows + n + 2 * kb) if verify else 0
     return itemsize * (s.panel_rows * n + 2 * s.panel_rows * kb + s.b_slots * kb * n) + check
+
+
+def _whole_k(rows: int, n: int, k: int, itemsize: int, budget: int, verify: bool) -> Schedule | None:
+    """The schedule that keeps all of B on the device, where it and two panels of C and
+    two of A fit with panels of at least ``WHOLE_K_ROWS`` rows (a multiple of
+    ``MIN_BAND_ROWS``) and C needs more than one of them; None elsewhere. A panel is at
+    most a quarter of the rows: the first one, whose products run over blocks of k as B
+    comes in, is then at most a quarter of the work."""
+    per_row = 2 * itemsize * (n + k)
+    room = budget - itemsize * k * n - (8 * (2 * rows + n + 2 * k) if verify else 0)
+    h = max(0, room) // per_row // MIN_BAND_ROWS * MIN_BAND_ROWS
+    if h < min(WHOLE_K_ROWS, rows) or h >= rows:
+        return None
+    h = min(h, max(WHOLE_K_ROWS, rows // 4))
+    kb = min(BLOCK_ROWS, k)
+    return Schedule(h, kb, 0, WHOLE_K_BANDS, 1, min(FIRST_ROWS, kb), MIN_BAND_ROWS, whole_k=True)
 
 
 def choose(rows: int, n: int, k: int, itemsize: int, budget: int, verify: bool) -> Schedule:
@@ -218,11 +276,18 @@ def choose(rows: int, n: int, k: int, itemsize: int, budget: int, verify: bool) 
     leave room for more of B): at 32768³ float32 under 6 GiB, 14 blocks of 1024 rows
     (44% of the products) against 5 of 2048 (31%).
 
+    Where all of B fits beside two panels of C and two of A, and all of C does not, B
+    stays on the device whole (:func:`_whole_k`): A, B and C still cross PCIe once each,
+    and the panels after the first multiply over all of k at once, at the GEMM's rate.
+
     Raises
     ------
     JobInputError
         If not even a panel of one row fits.
     """
+    whole = _whole_k(rows, n, k, itemsize, budget, verify)
+    if whole is not None:
+        return whole
     bands = max(1, min(BANDS, rows // MIN_BAND_ROWS))
     fitting: list[Schedule] = []
     for kb in dict.fromkeys((min(BLOCK_ROWS, k), min(BLOCK_ROWS // 2, k))):
@@ -271,8 +336,8 @@ def plan(workload: Any, devices: dict[str, Any], budget: int, tiling: dict[str, 
     return Plan(
         tiles,
         "static",
-        {"m": s.panel_rows, "n": p.n, "k": s.block_rows},
-        working_set(s, rows, p.n, itemsize, workload.verify),
+        {"m": s.panel_rows, "n": p.n, "k": p.k if s.whole_k else s.block_rows},
+        working_set(s, rows, p.n, itemsize, workload.verify, p.k),
         budget,
         notes={"operands": "streamed", **dataclasses.asdict(s)},
     )
@@ -377,16 +442,22 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
     for t, st in enumerate(plan_steps):
         first_use.setdefault(st.block, t)
     dev.synchronize()  # KvikIO fills buffers from streams of its own: nothing may still use them
+    # Where B stays whole, its blocks land in one buffer and A's buffers hold whole rows.
+    a_width, b_whole = (p.k, p.k) if s.whole_k else (kb, 0)
     with dev.on_stream():
-        c = xp.empty((panel_rows, n), dtype=p.dtype)
-        a_bufs = [xp.empty(panel_rows * kb, dtype=p.dtype) for _ in range(2)]
-        b_bufs = [xp.empty((kb, n), dtype=p.dtype) for _ in range(s.b_slots)]
+        c_bufs = [xp.empty((panel_rows, n), dtype=p.dtype) for _ in range(s.c_slots)]
+        a_bufs = [xp.empty(panel_rows * a_width, dtype=p.dtype) for _ in range(2)]
+        b_all = xp.empty((b_whole, n), dtype=p.dtype)
+        b_bufs = [xp.empty((kb, n), dtype=p.dtype) for _ in range(0 if s.whole_k else s.b_slots)]
         if ctx.verify:
             r = freivalds_vector(dev, p.seed, n, (0, n))
             br = xp.zeros(p.k, dtype=xp.float64)
             abr = xp.zeros(rows, dtype=xp.float64)
             cr = xp.zeros(rows, dtype=xp.float64)
-    itemsize = c.itemsize
+    itemsize = c_bufs[0].itemsize
+    panel_base: dict[int, int] = {}  # panel -> its first row
+    for st in plan_steps:
+        panel_base[st.panel] = min(panel_base.get(st.panel, st.rows[0]), st.rows[0])
 
     def a_view(t: int) -> Any:  # C-contiguous, whatever the block's width
         (a0, a1), (k0, k1) = plan_steps[t].rows, plan_steps[t].block
@@ -394,7 +465,7 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
 
     def b_view(t: int) -> Any:
         k0, k1 = plan_steps[t].block
-        return b_bufs[plan_steps[t].b_slot][: k1 - k0]
+        return b_all[k0:k1] if s.whole_k else b_bufs[plan_steps[t].b_slot][: k1 - k0]
 
     moved = {"h2d": 0, "d2h": 0, "h2d_s": 0.0}
     counting = threading.Lock()
@@ -402,6 +473,8 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
     used: list[Any] = [None] * len(plan_steps)  # event after step t's products
     used_set, ready = _Flags(len(plan_steps), failed), _Flags(len(plan_steps), failed)
     b_last: dict[int, int] = {}  # B buffer -> the last step so far that multiplies it
+    unwritten: dict[int, int] = {}  # panel -> its pieces of C not yet written
+    written = threading.Condition()
 
     def after(t: int) -> None:
         """Wait until step t's products are done (nothing to wait for on a CPU)."""
@@ -422,7 +495,7 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
             src_a.read_into(dev, a_view(t), (r0 + a0, r0 + a1), (k0, k1))
         moved["h2d"] += (a1 - a0) * (k1 - k0) * itemsize
         if st.load_b:
-            if st.b_slot in b_last:
+            if st.b_slot in b_last and not s.whole_k:  # a block of B kept whole is read once
                 after(b_last[st.b_slot])
             src_b.read_into(dev, b_view(t), (k0, k1), (0, n))
             moved["h2d"] += (k1 - k0) * n * itemsize
@@ -438,7 +511,7 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
         if isinstance(src_b, ZarrSource):
             src_b.ahead(dev, [(st.block, (0, n)) for st in upcoming if st.load_b])
 
-    def write(rws: tuple[int, int], base: int) -> None:  # on the writer threads
+    def write(rws: tuple[int, int], base: int, c: Any) -> None:  # on the writer threads
         sink.write((slice(r0 + rws[0], r0 + rws[1]), slice(0, n)), c[rws[0] - base : rws[1] - base], dev)
         with counting:
             moved["d2h"] += (rws[1] - rws[0]) * n * itemsize
@@ -452,10 +525,24 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
         except BaseException as e:  # raised again by the task's thread
             failed.append(e)
 
-    def write_band(rws: tuple[int, int], base: int, t: int) -> None:
-        if gpu:
-            used[t].synchronize()  # the band's last product has run
-        write(rws, base)
+    def write_band(rws: tuple[int, int], base: int, t: int, c: Any) -> None:
+        try:
+            if gpu:
+                used[t].synchronize()  # the band's last product has run
+            write(rws, base, c)
+        finally:
+            with written:
+                unwritten[plan_steps[t].panel] -= 1
+                written.notify_all()
+
+    def wait_written(panel: int) -> None:
+        """Wait until the pieces of ``panel`` given to the writers are written (its C
+        buffer is then free); a failure, which ends the writes, ends the wait."""
+        with written:
+            while unwritten.get(panel) and not failed:
+                written.wait(0.2)
+        if failed:
+            raise failed[0]
 
     loading = threading.Thread(target=loader, daemon=True, name="mgpu-stream-loader") if gpu else None
     writers = Writers(WRITERS, failed) if sink is not None else None
@@ -464,7 +551,7 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
         writers.start()
     if loading is not None:
         loading.start()
-    base = -1
+    panel = -1
     first = products_end = 0.0
     products: list[Any] = []
     try:
@@ -476,10 +563,11 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
                     ahead(t)
                     load(t)
                 (a0, a1), (k0, k1) = st.rows, st.block
-                if st.first:  # a new panel: it reuses C, so the last panel's writes must be done
-                    if base >= 0 and writers is not None:
-                        writers.drain()
-                    base = a0
+                if st.panel != panel:  # a new panel: its C buffer's last panel must be written
+                    panel = st.panel
+                    if panel >= s.c_slots and writers is not None:
+                        wait_written(panel - s.c_slots)
+                    base, c = panel_base[panel], c_bufs[panel % s.c_slots]
                 if t == 0:
                     first = time.perf_counter()
                 a, b, cv = a_view(t), b_view(t), c[a0 - base : a1 - base]
@@ -488,7 +576,8 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
                 products.append(timing)
                 if ctx.verify:  # Freivalds: C r against A (B r), B r made once per block
                     with ctx.check_timer():
-                        if first_use[st.block] == t:
+                        # B kept whole: the first panel made all of B r, block by block.
+                        if first_use[st.block] == t and not (s.whole_k and st.panel > 0):
                             br[k0:k1] = matvec_f64(xp, b, r)
                         abr[a0:a1] += matvec_f64(xp, a, br[k0:k1])
                         if st.done:
@@ -497,7 +586,9 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
                     used[t] = dev.stream.record()
                     used_set.set(t)
                 if st.done and writers is not None:
-                    writers.put(functools.partial(write_band, st.rows, base, t))
+                    with written:
+                        unwritten[panel] = unwritten.get(panel, 0) + 1
+                    writers.put(functools.partial(write_band, st.rows, base, t, c))
         if gpu and plan_steps:
             used[-1].synchronize()
         products_end = time.perf_counter()
@@ -541,15 +632,17 @@ def warm_up(workload: Any, dev: Any, tile: Tile) -> None:
         m = st.rows[1] - st.rows[0]
         while m > 1 and m * n * itemsize > _WARMUP_C_BYTES:
             m //= 2
-        shapes.add((m, st.block[1] - st.block[0]))
+        # Both kinds where the schedule adds to sums over blocks; a product over all of
+        # k (B kept whole) only starts them.
+        for first in (True,) if s.whole_k and st.block == (0, p.k) else (True, False):
+            shapes.add((m, st.block[1] - st.block[0], first))
     xp = dev.xp
-    rows, width = max(m for m, _ in shapes), max(w for _, w in shapes)
+    rows, width = max(m for m, _, _ in shapes), max(w for _, w, _ in shapes)
     with dev.on_stream():
         a, b, c = xp.ones((rows, width), p.dtype), xp.ones((width, n), p.dtype), xp.empty((rows, n), p.dtype)
-        for m, w in sorted(shapes):
+        for m, w, first in sorted(shapes):
             a_mw = a.reshape(-1)[: m * w].reshape(m, w)  # C-contiguous, as the steps' blocks
-            _gemm(xp, a_mw, b[:w], c[:m], first=True)
-            _gemm(xp, a_mw, b[:w], c[:m], first=False)
+            _gemm(xp, a_mw, b[:w], c[:m], first=first)
     dev.synchronize()
 
 
