@@ -445,9 +445,11 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
     # Where B stays whole, its blocks land in one buffer and A's buffers hold whole rows.
     a_width, b_whole = (p.k, p.k) if s.whole_k else (kb, 0)
     with dev.on_stream():
+        # B kept whole first: the largest piece, while the pool still has room that size
+        # (made after the others, 4 GiB of B did not fit a 6 GiB pool and spilled).
+        b_all = xp.empty((b_whole, n), dtype=p.dtype)
         c_bufs = [xp.empty((panel_rows, n), dtype=p.dtype) for _ in range(s.c_slots)]
         a_bufs = [xp.empty(panel_rows * a_width, dtype=p.dtype) for _ in range(2)]
-        b_all = xp.empty((b_whole, n), dtype=p.dtype)
         b_bufs = [xp.empty((kb, n), dtype=p.dtype) for _ in range(0 if s.whole_k else s.b_slots)]
         if ctx.verify:
             r = freivalds_vector(dev, p.seed, n, (0, n))
