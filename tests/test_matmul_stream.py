@@ -391,3 +391,15 @@ def test_a_map_let_go_drops_its_pages_in_pieces_and_keeps_the_file(tmp_path, mon
     private[:4] = -1
     transfer.drop_pages(private)  # a private map's changes are its own: left alone
     assert list(private[:4]) == [-1, -1, -1, -1]
+
+
+def test_the_estimate_counts_all_of_a_devices_rows_not_one_panel(tmp_path):
+    from mgpu.worker.device import DeviceFacts
+    from mgpu.workloads.matmul import Matmul, MatmulParams
+
+    facts = DeviceFacts("cpu", 0, "cpu", 1 << 30, 1 << 30, "h")
+    job = Matmul(MatmulParams(input=_files(tmp_path, 96, 64, 80)[2], operands="streamed"))
+    whole, panels = job.plan({"w": facts}, 1 << 20, {}), job.plan({"w": facts}, 120_000, {})
+    assert whole.tile_shape["m"] == 96 > panels.tile_shape["m"]
+    rates = {job.ceiling(): 1e-6}  # only the product: 1 TFLOP/s is 1e-6 in its units
+    assert job.expected_seconds(panels, rates, 1) == job.expected_seconds(whole, rates, 1) == 2 * 96 * 80 * 64 / 1e6

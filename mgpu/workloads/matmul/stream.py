@@ -677,6 +677,13 @@ class StreamedMatmul(Matmul):
     ) -> Plan:
         return plan(self, devices, budget, tiling, spill=spill)
 
+    def expected_seconds(self, plan: Plan, rates: dict[str, float], devices: int) -> float | None:
+        # A tile is all of its device's rows of C; the plan's tile shape is one panel of them.
+        rows = max(t.size("m") for t in plan.tiles)
+        return super().expected_seconds(
+            dataclasses.replace(plan, tile_shape={**plan.tile_shape, "m": rows}), rates, devices
+        )
+
     def run(self, ctx: TileContext, tile: Tile) -> _Product | _Streamed:
         if "schedule" not in tile.args:  # a warm-up's tile makes its own blocks
             return self._run_blocks(ctx, tile)
