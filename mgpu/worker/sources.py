@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import JobFailed, JobInputError
-from ..paths import check_writable
+from ..paths import check_writable, publish
 from ..sizes import format_bytes
 from . import io, kernels, transfer
 from .device import Device
@@ -429,7 +429,7 @@ class NpySink:
     def commit(self) -> None:
         """Publish the finished file under its name (or drop it if it was scratch)."""
         if self.keep:
-            os.replace(self.partial, self.path)
+            publish(self.partial, self.path)
         else:
             self.discard()
 

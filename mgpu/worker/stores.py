@@ -29,7 +29,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import shutil
 import sys
 import uuid
 from collections import OrderedDict
@@ -41,6 +40,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import JobInputError, StoreUnreadable
+from ..paths import publish, remove
 from ..tiling import split_by_size
 from . import io, transfer
 from .decoded import DecodedChunks
@@ -599,26 +599,10 @@ class ZarrSink:
         if not self.keep:
             self.discard()
             return
-        old = None
-        if os.path.lexists(self.path):
-            old = f"{self.partial}.old"
-            os.replace(self.path, old)
-        os.replace(self.partial, self.path)
-        if old is not None:
-            _remove(old)
+        publish(self.partial, self.path)
 
     def discard(self) -> None:
-        _remove(self.partial)
-
-
-def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+        remove(self.partial)
 
 
 def output_sink(
