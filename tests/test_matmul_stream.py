@@ -27,7 +27,7 @@ def _cover(rows: int, k: int, s: ms.Schedule) -> None:
         done[a0:a1, k0:k1] += 1
         if s.whole_k:
             b_read[k0:k1] += st.load_b
-            assert (b_read[k0:k1] == 1).all() and st.load_b == (st.panel == 0)
+            assert (b_read[k0:k1] == 1).all() and (st.panel == 0 or not st.load_b)
             assert st.panel == 0 or (st.block == (0, k) and st.first and st.done)  # one product over all of k
         if st.first:
             assert not started[a0:a1].any() or finished[a0:a1].all()  # a new panel
@@ -43,6 +43,45 @@ def _cover(rows: int, k: int, s: ms.Schedule) -> None:
         assert 0 <= st.b_slot < s.b_slots
     assert (done == 1).all() and (finished == 1).all()
     assert not s.whole_k or (b_read == 1).all()
+    if s.whole_k:
+        _slots_safe(steps, s.panel_rows, k)
+
+
+def _slots_safe(steps: list[ms.Step], h: int, k: int) -> None:
+    """Where B stays whole: no slot is filled while what it held may still be needed.
+
+    A step's block of A goes into its slot only after every earlier product that read an
+    overlapping part of it (the wait names that step or a later one, or a panel whose C
+    came there after it), and after every earlier panel's C there is written; a panel's
+    C goes into its slot only after the C that was there before is written."""
+    a_wait, c_wait = ms.slot_waits(steps)
+    panel_steps: dict[int, list[int]] = {}
+    for t, st in enumerate(steps):
+        panel_steps.setdefault(st.panel, []).append(t)
+    first_row = {p: steps[ts[0]].rows[0] for p, ts in panel_steps.items()}
+
+    def a_part(t: int) -> tuple[int, int, int]:
+        st = steps[t]
+        width = st.block[1] - st.block[0]
+        at = (st.rows[0] - first_row[st.panel]) * width
+        return st.a_slot, at, at + (st.rows[1] - st.rows[0]) * width
+
+    for t, st in enumerate(steps):
+        slot, lo, hi = a_part(t)
+        assert 0 <= lo < hi <= h * k  # within the slot (of h rows of A at least)
+        reader, panel = a_wait[t]
+        for u in range(t):
+            other, olo, ohi = a_part(u)
+            if other == slot and olo < hi and lo < ohi:
+                assert (reader is not None and reader >= u) or (panel is not None and panel_steps[panel][0] > u)
+        for q in range(st.panel):
+            if slot in ms.c_slots_of(steps[panel_steps[q][0]]) and panel_steps[q][0] < t:
+                assert panel is not None and panel >= q
+        assert slot not in ms.c_slots_of(st)  # A and C of one step apart
+    for p, ts in panel_steps.items():
+        here = set(ms.c_slots_of(steps[ts[0]]))
+        before = [q for q in range(p) if here & set(ms.c_slots_of(steps[panel_steps[q][0]]))]
+        assert c_wait[p] == (max(before) if before else None)
 
 
 @pytest.mark.parametrize(
@@ -59,7 +98,8 @@ def _cover(rows: int, k: int, s: ms.Schedule) -> None:
 def test_every_product_runs_once_and_every_row_is_finished_once(rows, k, panel, kb, final, bands, first, smallest):
     _cover(rows, k, ms.Schedule(panel, kb, final, bands, max(2, final), first, smallest))
     # B kept whole: the first panel over its blocks as they come, the others over all of k.
-    _cover(rows, k, ms.Schedule(panel, kb, 0, bands, 1, first, smallest, whole_k=True))
+    # Its blocks at most half of k wide, as _whole_k makes them: two panels' rows fit a slot.
+    _cover(rows, k, ms.Schedule(panel, max(1, min(kb, k // 2)), 0, bands, 1, first, smallest, whole_k=True))
 
 
 def test_b_stays_whole_where_it_fits_beside_two_panels_and_all_of_c_does_not():
@@ -73,7 +113,14 @@ def test_b_stays_whole_where_it_fits_beside_two_panels_and_all_of_c_does_not():
     steps = s.steps(32768, 32768)
     widths = [st.block[1] - st.block[0] for st in steps[:5]]
     assert widths == [256, 256, 512, 1024, 2048]  # the first block in pieces, each read while the last multiplies
-    assert sum(st.load_b for st in steps) == 16 + 3 and all(st.load_b for st in steps if st.panel == 0)
+    # B read once, in the first phase, whose products cover two panels' rows (they outlast
+    # B's read); its last block a panel at a time, the second panel's part read with the first's.
+    assert sum(st.load_b for st in steps) == 16 + 3 and all(st.panel == 0 for st in steps if st.load_b)
+    first = [st for st in steps if st.panel == 0]
+    assert first[0].rows == (0, 2 * s.panel_rows) and [st.rows for st in first[-2:]] == [
+        (0, s.panel_rows),
+        (s.panel_rows, 2 * s.panel_rows),
+    ]
     # Three quarters of the work and more in products over all of k; the last write small.
     whole = sum((st.rows[1] - st.rows[0]) * 32768 for st in steps if st.block == (0, 32768))
     assert whole / 32768**2 > 0.75

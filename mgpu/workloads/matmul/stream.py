@@ -34,6 +34,7 @@ for every device.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import math
@@ -79,6 +80,8 @@ MIN_BAND_ROWS = 256
 WHOLE_K_ROWS = 2048
 # Bands of the last panel over all of k: its write, the one no product hides, is small.
 WHOLE_K_BANDS = 4
+# Buffers of a panel's rows each, beside B kept whole: two panels' A and two panels' C.
+SLOTS = 4
 # The budget's share left free where B stays whole. The pool's free room lies between the
 # blocks still held (the check's vectors, results not yet gathered), so panels sized to
 # fill it all may find no free range that large: on an H100, panels filling all but 2% of
@@ -112,6 +115,10 @@ class Step:
     first: bool
     done: bool
     panel: int = 0  # the panel of C the rows are in (panels take the C buffers in turn)
+    # B kept whole: the buffers (``SLOTS``) the step's block of A is read into and its
+    # panel's C is in (the first phase's C spans slots 0 and 1); -1 elsewhere.
+    a_slot: int = -1
+    c_slot: int = -1
 
 
 @dataclass(frozen=True)
@@ -127,11 +134,6 @@ class Schedule:
     smallest_band: int = 0  # the last band in halves down to this many rows (0: equal bands)
     # B kept whole on the device: the panels after the first are one product over all of k.
     whole_k: bool = False
-
-    @property
-    def c_slots(self) -> int:
-        """C buffers: two where a panel's C is written while the next panel multiplies."""
-        return 2 if self.whole_k else 1
 
     def steps(self, rows: int, k: int) -> list[Step]:
         return steps(rows, k, self)
@@ -184,20 +186,62 @@ def steps(rows: int, k: int, s: Schedule) -> list[Step]:
 
 
 def _whole_k_steps(rows: int, k: int, s: Schedule) -> list[Step]:
-    """:func:`steps` where B stays on the device whole (``s.whole_k``): the first panel
-    multiplies each block of B as it is read (the first block in pieces); each later
-    panel is one product over all of k that starts its sums, the last one band by band.
-    B is read once, into one buffer (``b_slot`` 0)."""
+    """:func:`steps` where B stays on the device whole (``s.whole_k``), in ``SLOTS``
+    buffers of ``s.panel_rows`` rows each.
+
+    The first phase multiplies two panels' rows (C in slots 0 and 1) by each block of B
+    as it is read (the first block in pieces; A's blocks in slots 2 and 3 in turn), so
+    its products outlast B's read; its last block runs a panel at a time, so the first
+    one's write starts while the second multiplies. Each later panel is one product over
+    all of k (beta = 0), its A in slot 2 and C in slot 3, or 0 and 1, in turn: a panel's
+    A is read while the panel before multiplies, and its C written while the next one
+    does. The last panel runs band by band. B is read once, into one buffer (``b_slot`` 0).
+    """
+    h = s.panel_rows
     blocks = split_by_size(k, s.block_rows)
-    panels = split_by_size(rows, s.panel_rows)
     head = first_pieces(blocks[0], s.first_rows) + blocks[1:] if s.first_rows else blocks
-    (p0, p1) = panels[0]
-    out = [Step((p0, p1), blk, 0, True, i == 0, i == len(head) - 1, 0) for i, blk in enumerate(head)]
-    for p, (p0, p1) in enumerate(panels[1:], start=1):
-        last = p == len(panels) - 1
-        bands = band_bounds(p1 - p0, s.bands, s.smallest_band) if last else [(0, p1 - p0)]
-        out += [Step((p0 + b0, p0 + b1), (0, k), 0, False, True, True, p) for b0, b1 in bands]
+    first = min(rows, 2 * h)
+    out = [Step((0, first), blk, 0, True, i == 0, False, 0, 2 + i % 2, 0) for i, blk in enumerate(head[:-1])]
+    for i, (b0, b1) in enumerate(split_by_size(first, h)):  # the last block, a panel at a time
+        out.append(Step((b0, b1), head[-1], 0, i == 0, len(head) == 1, True, 0, 2 + len(out) % 2, 0))
+    for p, (p0, p1) in enumerate(split_by_size(rows - first, h), start=1):
+        p0, p1 = first + p0, first + p1
+        bands = band_bounds(p1 - p0, s.bands, s.smallest_band) if p1 == rows else [(0, p1 - p0)]
+        a_slot, c_slot = (2, 3) if p % 2 else (0, 1)
+        out += [Step((p0 + b0, p0 + b1), (0, k), 0, False, True, True, p, a_slot, c_slot) for b0, b1 in bands]
     return out
+
+
+def c_slots_of(st: Step) -> tuple[int, ...]:
+    """The slots a step's C is in where B stays whole: the first phase's spans two."""
+    return (0, 1) if st.panel == 0 else (st.c_slot,)
+
+
+def slot_waits(steps: list[Step]) -> tuple[list[tuple[int | None, int | None]], dict[int, int | None]]:
+    """What must be done before a slot is filled again, where B stays whole.
+
+    For each step: the step whose product last read the slot its A is read into, and the
+    panel whose C was last in it (all of it written first). The bands of a panel after
+    the first phase read their rows of A into one slot side by side: each waits for what
+    the first band waits for. For each panel: the panel whose C was last in its C slot.
+    A product that read a slot as A needs no wait before a panel's C goes there: the
+    products run in order on one stream.
+    """
+    holder: dict[int, tuple[str, int]] = {}  # slot -> ("a", step) or ("c", panel)
+    a_wait: list[tuple[int | None, int | None]] = []
+    c_wait: dict[int, int | None] = {}
+    for t, st in enumerate(steps):
+        if st.panel not in c_wait:
+            held = [holder[c] for c in c_slots_of(st) if c in holder]
+            c_wait[st.panel] = next((who for kind, who in held if kind == "c"), None)
+            holder.update(dict.fromkeys(c_slots_of(st), ("c", st.panel)))
+        if st.panel > 0 and steps[t - 1].panel == st.panel:  # a later band of the panel
+            a_wait.append(a_wait[-1])
+        else:
+            kind, who = holder.get(st.a_slot, ("", -1))
+            a_wait.append((who if kind == "a" else None, who if kind == "c" else None))
+        holder[st.a_slot] = ("a", t)
+    return a_wait, c_wait
 
 
 def first_pieces(block: tuple[int, int], first: int) -> list[tuple[int, int]]:
@@ -249,24 +293,24 @@ def working_set(s: Schedule, rows: int, n: int, itemsize: int, verify: bool, k: 
     kb = s.block_rows
     if s.whole_k:
         check = 8 * (2 * rows + n + 2 * k) if verify else 0
-        return itemsize * (k * n + 2 * s.panel_rows * (n + k)) + check
+        return itemsize * (k * n + SLOTS * s.panel_rows * max(n, k)) + check
     check = 8 * (2 * rows + n + 2 * kb) if verify else 0
     return itemsize * (s.panel_rows * n + 2 * s.panel_rows * kb + s.b_slots * kb * n) + check
 
 
 def _whole_k(rows: int, n: int, k: int, itemsize: int, budget: int, verify: bool) -> Schedule | None:
-    """The schedule that keeps all of B on the device, where it and two panels of C and
-    two of A fit in all but ``WHOLE_K_SLACK`` of the budget with panels of at least
+    """The schedule that keeps all of B on the device, where it and ``SLOTS`` panels (two
+    of C, two of A) fit in all but ``WHOLE_K_SLACK`` of the budget with panels of at least
     ``WHOLE_K_ROWS`` rows (a multiple of ``MIN_BAND_ROWS``) and C needs more than one of
     them; None elsewhere. A panel is at most a quarter of the rows: the first one, whose
     products run over blocks of k as B comes in, is then at most a quarter of the work."""
-    per_row = 2 * itemsize * (n + k)
+    per_row = SLOTS * itemsize * max(n, k)
     room = int(budget * (1 - WHOLE_K_SLACK)) - itemsize * k * n - (8 * (2 * rows + n + 2 * k) if verify else 0)
     h = max(0, room) // per_row // MIN_BAND_ROWS * MIN_BAND_ROWS
     if h < min(WHOLE_K_ROWS, rows) or h >= rows:
         return None
     h = min(h, max(WHOLE_K_ROWS, rows // 4))
-    kb = min(BLOCK_ROWS, k)
+    kb = max(1, min(BLOCK_ROWS, k, max(n, k) // 2))  # a block of two panels' rows fits a slot
     return Schedule(h, kb, 0, WHOLE_K_BANDS, 1, min(FIRST_ROWS, kb), MIN_BAND_ROWS, whole_k=True)
 
 
@@ -447,32 +491,51 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
     for t, st in enumerate(plan_steps):
         first_use.setdefault(st.block, t)
     dev.synchronize()  # KvikIO fills buffers from streams of its own: nothing may still use them
-    # Where B stays whole, its blocks land in one buffer and A's buffers hold whole rows.
-    a_width, b_whole = (p.k, p.k) if s.whole_k else (kb, 0)
+    slot_size = panel_rows * max(n, p.k)
     with dev.on_stream():
-        # B kept whole first: the largest piece, while the pool still has room that size
-        # (made after the others, 4 GiB of B did not fit a 6 GiB pool and spilled).
-        b_all = xp.empty((b_whole, n), dtype=p.dtype)
-        c_bufs = [xp.empty((panel_rows, n), dtype=p.dtype) for _ in range(s.c_slots)]
-        a_bufs = [xp.empty(panel_rows * a_width, dtype=p.dtype) for _ in range(2)]
-        b_bufs = [xp.empty((kb, n), dtype=p.dtype) for _ in range(0 if s.whole_k else s.b_slots)]
+        if s.whole_k:
+            # B first: the largest piece, while the pool still has room that size (made
+            # after the others, 4 GiB of B did not fit a 6 GiB pool and spilled). Slots 0
+            # and 1 in one piece: the first phase's C spans them.
+            b_all = xp.empty((p.k, n), dtype=p.dtype)
+            pair = xp.empty(2 * slot_size, dtype=p.dtype)
+            slots = [pair[:slot_size], pair[slot_size:]] + [xp.empty(slot_size, dtype=p.dtype) for _ in range(2)]
+        else:  # one panel of C, two blocks of A, the B buffers
+            slots = [xp.empty(panel_rows * n, dtype=p.dtype)] + [
+                xp.empty(panel_rows * kb, dtype=p.dtype) for _ in range(2)
+            ]
+            b_bufs = [xp.empty((kb, n), dtype=p.dtype) for _ in range(s.b_slots)]
         if ctx.verify:
             r = freivalds_vector(dev, p.seed, n, (0, n))
             br = xp.zeros(p.k, dtype=xp.float64)
             abr = xp.zeros(rows, dtype=xp.float64)
             cr = xp.zeros(rows, dtype=xp.float64)
-    itemsize = c_bufs[0].itemsize
-    panel_base: dict[int, int] = {}  # panel -> its first row
+    itemsize = slots[0].itemsize
+    panel_rows_of: dict[int, tuple[int, int]] = {}  # panel -> its rows
     for st in plan_steps:
-        panel_base[st.panel] = min(panel_base.get(st.panel, st.rows[0]), st.rows[0])
+        lo, hi = panel_rows_of.get(st.panel, st.rows)
+        panel_rows_of[st.panel] = (min(lo, st.rows[0]), max(hi, st.rows[1]))
+    a_wait, c_wait = slot_waits(plan_steps) if s.whole_k else ([], {})
+    pieces = collections.Counter(st.panel for st in plan_steps if st.done)  # C's writes per panel
+    last_step = {st.panel: t for t, st in enumerate(plan_steps)}
 
     def a_view(t: int) -> Any:  # C-contiguous, whatever the block's width
-        (a0, a1), (k0, k1) = plan_steps[t].rows, plan_steps[t].block
-        return a_bufs[t % 2][: (a1 - a0) * (k1 - k0)].reshape(a1 - a0, k1 - k0)
+        st = plan_steps[t]
+        (a0, a1), (k0, k1) = st.rows, st.block
+        if not s.whole_k:
+            return slots[1 + t % 2][: (a1 - a0) * (k1 - k0)].reshape(a1 - a0, k1 - k0)
+        at = (a0 - panel_rows_of[st.panel][0]) * (k1 - k0)  # a panel's bands side by side
+        return slots[st.a_slot][at : at + (a1 - a0) * (k1 - k0)].reshape(a1 - a0, k1 - k0)
 
     def b_view(t: int) -> Any:
         k0, k1 = plan_steps[t].block
         return b_all[k0:k1] if s.whole_k else b_bufs[plan_steps[t].b_slot][: k1 - k0]
+
+    def c_view(panel: int, st: Step) -> tuple[int, Any]:
+        """The panel's first row and its C (where B stays whole, the first phase's spans slots 0 and 1)."""
+        p0, p1 = panel_rows_of[panel]
+        memory = pair if s.whole_k and panel == 0 else slots[st.c_slot] if s.whole_k else slots[0]
+        return p0, memory[: (p1 - p0) * n].reshape(p1 - p0, n)
 
     moved = {"h2d": 0, "d2h": 0, "h2d_s": 0.0}
     counting = threading.Lock()
@@ -480,7 +543,7 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
     used: list[Any] = [None] * len(plan_steps)  # event after step t's products
     used_set, ready = _Flags(len(plan_steps), failed), _Flags(len(plan_steps), failed)
     b_last: dict[int, int] = {}  # B buffer -> the last step so far that multiplies it
-    unwritten: dict[int, int] = {}  # panel -> its pieces of C not yet written
+    written_pieces: dict[int, int] = {}  # panel -> its pieces of C written
     written = threading.Condition()
 
     def after(t: int) -> None:
@@ -493,7 +556,13 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
         st = plan_steps[t]
         (a0, a1), (k0, k1) = st.rows, st.block
         start = time.perf_counter()
-        if t >= 2:
+        if s.whole_k:  # the slot's last users: a product reading A, or a panel's C to write
+            reader, panel = a_wait[t]
+            if reader is not None:
+                after(reader)
+            if panel is not None:
+                wait_free(panel)
+        elif t >= 2:
             after(t - 2)  # this A buffer's last step
         if a_rows is not None:
             src_a.info.check()  # as read_into does: the file must still be the one checked
@@ -539,14 +608,19 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
             write(rws, base, c)
         finally:
             with written:
-                unwritten[plan_steps[t].panel] -= 1
+                panel = plan_steps[t].panel
+                written_pieces[panel] = written_pieces.get(panel, 0) + 1
                 written.notify_all()
 
-    def wait_written(panel: int) -> None:
-        """Wait until the pieces of ``panel`` given to the writers are written (its C
-        buffer is then free); a failure, which ends the writes, ends the wait."""
+    def wait_free(panel: int) -> None:
+        """Wait until ``panel``'s C is no longer needed: every piece of it written (its
+        products run, where nothing is written); a failure, which ends the writes, ends
+        the wait."""
+        if writers is None:
+            after(last_step[panel])
+            return
         with written:
-            while unwritten.get(panel) and not failed:
+            while written_pieces.get(panel, 0) < pieces[panel] and not failed:
                 written.wait(0.2)
         if failed:
             raise failed[0]
@@ -572,9 +646,10 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
                 (a0, a1), (k0, k1) = st.rows, st.block
                 if st.panel != panel:  # a new panel: its C buffer's last panel must be written
                     panel = st.panel
-                    if panel >= s.c_slots and writers is not None:
-                        wait_written(panel - s.c_slots)
-                    base, c = panel_base[panel], c_bufs[panel % s.c_slots]
+                    before = c_wait.get(panel) if s.whole_k else panel - 1 if panel else None
+                    if before is not None and writers is not None:  # else the stream orders them
+                        wait_free(before)
+                    base, c = c_view(panel, st)
                 if t == 0:
                     first = time.perf_counter()
                 a, b, cv = a_view(t), b_view(t), c[a0 - base : a1 - base]
@@ -593,8 +668,6 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
                     used[t] = dev.stream.record()
                     used_set.set(t)
                 if st.done and writers is not None:
-                    with written:
-                        unwritten[panel] = unwritten.get(panel, 0) + 1
                     writers.put(functools.partial(write_band, st.rows, base, t, c))
         if gpu and plan_steps:
             used[-1].synchronize()
