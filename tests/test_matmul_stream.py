@@ -99,7 +99,11 @@ def test_every_product_runs_once_and_every_row_is_finished_once(rows, k, panel, 
     _cover(rows, k, ms.Schedule(panel, kb, final, bands, max(2, final), first, smallest))
     # B kept whole: the first panel over its blocks as they come, the others over all of k.
     # Its blocks at most half of k wide, as _whole_k makes them: two panels' rows fit a slot.
-    _cover(rows, k, ms.Schedule(panel, max(1, min(kb, k // 2)), 0, bands, 1, first, smallest, whole_k=True))
+    for panels in (1, 2):  # the first phase over one panel's rows or two
+        whole = ms.Schedule(
+            panel, max(1, min(kb, k // 2)), 0, bands, 1, first, smallest, whole_k=True, first_panels=panels
+        )
+        _cover(rows, k, whole)
 
 
 def test_b_stays_whole_where_it_fits_beside_two_panels_and_all_of_c_does_not():
@@ -126,6 +130,10 @@ def test_b_stays_whole_where_it_fits_beside_two_panels_and_all_of_c_does_not():
     assert whole / 32768**2 > 0.75
     done = [st.rows[1] - st.rows[0] for st in steps if st.done]
     assert sum(done) == 32768 and done[-1] <= 512
+    # Panels tall enough to outlast B's read alone: the first phase is one panel's rows.
+    big = ms.choose(rows=49152, n=49152, k=49152, itemsize=4, budget=16 << 30, verify=True)
+    assert big.whole_k and big.panel_rows >= ms.B_HIDDEN_ROWS and big.first_panels == 1
+    assert big.steps(49152, 49152)[0].rows == (0, big.panel_rows)
     # Where B cannot stay whole beside two panels of WHOLE_K_ROWS rows: C is kept, or panels of it.
     assert not ms.choose(rows=32768, n=32768, k=32768, itemsize=4, budget=5 << 30, verify=True).whole_k
     # Where all of C fits beside B, C is kept: the products' sums stay on the device.

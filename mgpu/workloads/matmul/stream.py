@@ -82,6 +82,13 @@ WHOLE_K_ROWS = 2048
 WHOLE_K_BANDS = 4
 # Buffers of a panel's rows each, beside B kept whole: two panels' A and two panels' C.
 SLOTS = 4
+# Rows of float32 whose products outlast the read of the B they multiply: on an H100, B
+# came at 29 GB/s beside A's reads while the products ran at 46-52 TFLOP/s, so rows x 2
+# flop per 4 bytes read must pass ~3500 (twice as many for float64). With panels of fewer
+# rows, the first phase takes two panels': with one panel of 2816 rows (32768³ float32,
+# 6 GiB) the GPU waited 0.074-0.146 s for B, with two 0.034-0.059 s in all; with one
+# panel of 7168 rows (49152³, 16 GiB) it did not wait for B, and two took 0.8% longer.
+B_HIDDEN_ROWS = 3584
 # The budget's share left free where B stays whole. The pool's free room lies between the
 # blocks still held (the check's vectors, results not yet gathered), so panels sized to
 # fill it all may find no free range that large: on an H100, panels filling all but 2% of
@@ -134,6 +141,7 @@ class Schedule:
     smallest_band: int = 0  # the last band in halves down to this many rows (0: equal bands)
     # B kept whole on the device: the panels after the first are one product over all of k.
     whole_k: bool = False
+    first_panels: int = 2  # B kept whole: panels of rows in the first phase (1 or 2)
 
     def steps(self, rows: int, k: int) -> list[Step]:
         return steps(rows, k, self)
@@ -189,10 +197,10 @@ def _whole_k_steps(rows: int, k: int, s: Schedule) -> list[Step]:
     """:func:`steps` where B stays on the device whole (``s.whole_k``), in ``SLOTS``
     buffers of ``s.panel_rows`` rows each.
 
-    The first phase multiplies two panels' rows (C in slots 0 and 1) by each block of B
-    as it is read (the first block in pieces; A's blocks in slots 2 and 3 in turn), so
-    its products outlast B's read; its last block runs a panel at a time, so the first
-    one's write starts while the second multiplies. Each later panel is one product over
+    The first phase multiplies ``s.first_panels`` panels' rows (C in slots 0 and 1) by
+    each block of B as it is read (the first block in pieces; A's blocks in slots 2 and 3
+    in turn), so its products outlast B's read (see ``B_HIDDEN_ROWS``); its last block
+    runs a panel at a time, so the first one's write starts while the second multiplies. Each later panel is one product over
     all of k (beta = 0), its A in slot 2 and C in slot 3, or 0 and 1, in turn: a panel's
     A is read while the panel before multiplies, and its C written while the next one
     does. The last panel runs band by band. B is read once, into one buffer (``b_slot`` 0).
@@ -200,7 +208,7 @@ def _whole_k_steps(rows: int, k: int, s: Schedule) -> list[Step]:
     h = s.panel_rows
     blocks = split_by_size(k, s.block_rows)
     head = first_pieces(blocks[0], s.first_rows) + blocks[1:] if s.first_rows else blocks
-    first = min(rows, 2 * h)
+    first = min(rows, s.first_panels * h)
     out = [Step((0, first), blk, 0, True, i == 0, False, 0, 2 + i % 2, 0) for i, blk in enumerate(head[:-1])]
     for i, (b0, b1) in enumerate(split_by_size(first, h)):  # the last block, a panel at a time
         out.append(Step((b0, b1), head[-1], 0, i == 0, len(head) == 1, True, 0, 2 + len(out) % 2, 0))
@@ -311,7 +319,10 @@ def _whole_k(rows: int, n: int, k: int, itemsize: int, budget: int, verify: bool
         return None
     h = min(h, max(WHOLE_K_ROWS, rows // 4))
     kb = max(1, min(BLOCK_ROWS, k, max(n, k) // 2))  # a block of two panels' rows fits a slot
-    return Schedule(h, kb, 0, WHOLE_K_BANDS, 1, min(FIRST_ROWS, kb), MIN_BAND_ROWS, whole_k=True)
+    first_panels = 1 if h * 4 >= B_HIDDEN_ROWS * itemsize else 2
+    return Schedule(
+        h, kb, 0, WHOLE_K_BANDS, 1, min(FIRST_ROWS, kb), MIN_BAND_ROWS, whole_k=True, first_panels=first_panels
+    )
 
 
 def choose(rows: int, n: int, k: int, itemsize: int, budget: int, verify: bool) -> Schedule:
