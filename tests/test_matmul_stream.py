@@ -106,7 +106,7 @@ def test_every_product_runs_once_and_every_row_is_finished_once(rows, k, panel, 
         _cover(rows, k, whole)
 
 
-def test_b_stays_whole_where_it_fits_beside_two_panels_and_all_of_c_does_not():
+def test_b_stays_whole_where_it_fits_beside_four_panels_and_all_of_c_does_not():
     s = ms.choose(rows=32768, n=32768, k=32768, itemsize=4, budget=6 << 30, verify=True)
     assert s.whole_k and s.panel_rows % ms.MIN_BAND_ROWS == 0 and ms.WHOLE_K_ROWS <= s.panel_rows < 32768
     # The panels are as tall as fit in all but the slack the pool's free ranges need.
@@ -134,7 +134,7 @@ def test_b_stays_whole_where_it_fits_beside_two_panels_and_all_of_c_does_not():
     big = ms.choose(rows=49152, n=49152, k=49152, itemsize=4, budget=16 << 30, verify=True)
     assert big.whole_k and big.panel_rows >= ms.B_HIDDEN_ROWS and big.first_panels == 1
     assert big.steps(49152, 49152)[0].rows == (0, big.panel_rows)
-    # Where B cannot stay whole beside two panels of WHOLE_K_ROWS rows: C is kept, or panels of it.
+    # Where B cannot stay whole beside four panels of WHOLE_K_ROWS rows: C is kept, or panels of it.
     assert not ms.choose(rows=32768, n=32768, k=32768, itemsize=4, budget=5 << 30, verify=True).whole_k
     # Where all of C fits beside B, C is kept: the products' sums stay on the device.
     assert not ms.choose(rows=4096, n=4096, k=32768, itemsize=4, budget=16 << 30, verify=True).whole_k

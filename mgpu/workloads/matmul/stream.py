@@ -18,12 +18,16 @@ Between panels (where C does not fit) the k-blocks run in the other direction, s
 blocks the last panel ended with are still on the device for the next one. Each tile's
 record says where its time went (:mod:`mgpu.workloads.matmul.writers`).
 
-Where all of B fits beside two panels of C and two of A (``Schedule.whole_k``), B stays on
-the device whole: the first panel reads it block by block as above, and each later panel
-is one product over all of k (``beta = 0``), its C written while the next panel, in the
-other C buffer, multiplies; the last panel runs in bands. A product over a block of k
-reads and writes its rows of C again: at 32768³ float32 in blocks of 1024 rows, on an H100,
-the products ran at 49 TFLOP/s where one product over all of k runs at 54.
+Where all of B fits beside four panels' worth of buffers (``SLOTS``: two panels of A, two
+of C) in all but a tenth of the budget, and all of C does not (``Schedule.whole_k``), B
+stays on the device whole: the first phase multiplies one or two panels' rows by each
+block of B as it is read, enough rows that its products outlast B's read; each later
+panel is one product over all of k (``beta = 0``), its A read while the panel before
+multiplies and its C written while the next one does, the slots taking A and C in turn
+(:func:`slot_waits`); the last panel runs in bands. A product over a block of k reads and
+writes its rows of C again: on an H100, 32768³ float32 with all of C kept, in blocks of
+1024 rows, ran its products at 49 TFLOP/s, where products over all of k in panels of
+2816 rows run at 52 (one 32768³ GEMM: 52-53).
 
 B's rows (``B[kblock, :]``) are contiguous in a C-ordered ``.npy``, so they come through
 KvikIO; A's blocks ``A[rows, kblock]`` are a range per row, copied from a memory map through
@@ -121,7 +125,7 @@ class Step:
     load_b: bool
     first: bool
     done: bool
-    panel: int = 0  # the panel of C the rows are in (panels take the C buffers in turn)
+    panel: int = 0  # the panel of C the rows are in (B kept whole: 0 is the first phase)
     # B kept whole: the buffers (``SLOTS``) the step's block of A is read into and its
     # panel's C is in (the first phase's C spans slots 0 and 1); -1 elsewhere.
     a_slot: int = -1
@@ -297,7 +301,7 @@ def _next_use(blk: tuple[int, int], order: list[Any], t: int) -> int:
 
 def working_set(s: Schedule, rows: int, n: int, itemsize: int, verify: bool, k: int = 0) -> int:
     """Device bytes a schedule holds: C's panel, two A blocks, the B buffers, the check's
-    vectors; where B stays whole (its ``k`` rows), two panels of C and two of A beside it."""
+    vectors; where B stays whole (its ``k`` rows), ``SLOTS`` panels of A or C beside it."""
     kb = s.block_rows
     if s.whole_k:
         check = 8 * (2 * rows + n + 2 * k) if verify else 0
@@ -336,9 +340,9 @@ def choose(rows: int, n: int, k: int, itemsize: int, budget: int, verify: bool) 
     leave room for more of B): at 32768³ float32 under 6 GiB, 14 blocks of 1024 rows
     (44% of the products) against 5 of 2048 (31%).
 
-    Where all of B fits beside two panels of C and two of A, and all of C does not, B
-    stays on the device whole (:func:`_whole_k`): A, B and C still cross PCIe once each,
-    and the panels after the first multiply over all of k at once, at the GEMM's rate.
+    Where all of B fits beside ``SLOTS`` panels, and all of C does not, B stays on the
+    device whole (:func:`_whole_k`): A, B and C still cross PCIe once each, and the
+    panels after the first phase multiply over all of k at once, at the GEMM's rate.
 
     Raises
     ------
