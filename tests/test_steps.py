@@ -235,6 +235,14 @@ def test_checkpoints_are_kept_on_two_workers_and_the_steps_regroup_from_the_late
         with contextlib.suppress(TimeoutError):  # the older are let go as the newest are kept
             wait_for(lambda: kept() == newest, 10, "the older checkpoints let go")
         assert kept() == newest
+        # Each tile's two copies stay on two workers, whatever the scheduler's active memory
+        # manager drops: no key of them has a replica it could drop in favour of the other.
+        saved = run._saved[6]
+        client.amm.run_once()
+        held = client.who_has([f for fs in saved.values() for f in fs])
+        for own, kept_copy in saved.values():
+            assert held[own.key] == (run.where[int(own.key.split("-")[2])],) and len(held[kept_copy.key]) == 1
+            assert held[own.key] != held[kept_copy.key]
         # Lose (as far as the steps know) the second worker: every tile goes back to step 6,
         # its tiles on the first worker, restored from the copies kept there.
         placement = run.regroup([workers[0]])
@@ -277,7 +285,9 @@ def test_the_schedulers_warning_of_lost_steps_is_dropped_for_this_jobs_keys_only
         record = logging.LogRecord("distributed.scheduler", logging.WARNING, __file__, 1, message, None, None)
         return _StepsLost(token).filter(record)
 
-    assert not passes("'stencil-step-1-185-ab12cd', 'stencil-kept-0-150-ab12cd', 'stencil-saved-2-50-ab12cd-1'")
+    assert not passes(
+        "'stencil-step-1-185-ab12cd', 'stencil-kept-0-150-ab12cd', 'stencil-own-1-150-ab12cd', 'stencil-saved-2-50-ab12cd-1'"
+    )
     assert passes("'stencil-step-1-185-ab12cd', 'matmul-tile-3-ab12cd'")  # a key of something else: said
     assert passes("'stencil-step-1-185-ab12cd'", token="ffffff")  # another job's
     other = logging.LogRecord("distributed.scheduler", logging.WARNING, __file__, 1, "another warning", None, None)

@@ -52,7 +52,7 @@ class _StepsLost(logging.Filter):
             return True
         named = message.split("elsewhere:", 1)[-1].split("(stimulus_id", 1)[0]
         keys = re.findall(r"'([^']+)'", named)
-        ours = rf"-(step|saved|kept|resume)-\d+-\d+-{self.token}(-\d+)?$"
+        ours = rf"-(step|saved|own|kept|resume)-\d+-\d+-{self.token}(-\d+)?$"
         return not keys or not all(re.search(ours, k) for k in keys)
 
 
@@ -220,9 +220,17 @@ class SteppedRun:
         return {w: workers[(i + 1) % len(workers)] for i, w in enumerate(workers)}
 
     def _checkpoint(self, tile: Tile, step: int, after: Any, keeper: str) -> None:
-        """Keep tile's checkpoint at ``step`` (saved by its step ``after``) on its worker and on ``keeper``."""
+        """Keep tile's checkpoint at ``step`` (saved by its step ``after``) on its worker and on ``keeper``.
+
+        Both copies are made from a third key, which goes once they are: each copy is
+        then a key held by one worker. Where the keeper's copy was made from the tile's
+        own copy, the keeper's fetch left a second replica of it, and Dask's active memory
+        manager (``ReduceReplicas``) drops the replicas of a key no task waits for, at
+        times the one on the tile's worker: both copies were then on the keeper, and a
+        CPU test that lost the keeper lost the tile's checkpoint in 1 run of 6.
+        """
         name, token = self.workload.name, self.token
-        own = self.client.submit(
+        handed = self.client.submit(
             hand_over_checkpoint,
             token,
             tile.index,
@@ -234,14 +242,17 @@ class SteppedRun:
             pure=False,
             priority=-step,
         )
-        kept = self.client.submit(
-            keep_checkpoint,
-            own,
-            key=f"{name}-kept-{tile.index}-{step}-{token}",
-            workers=[keeper],
-            allow_other_workers=False,
-            pure=False,
-            priority=-step,
+        own, kept = (
+            self.client.submit(
+                keep_checkpoint,
+                handed,
+                key=f"{name}-{kind}-{tile.index}-{step}-{token}",
+                workers=[where],
+                allow_other_workers=False,
+                pure=False,
+                priority=-step,
+            )
+            for kind, where in (("own", tile.worker), ("kept", keeper))
         )
         with self._lock:
             self._saved.setdefault(step, {})[tile.index] = [own, kept]
