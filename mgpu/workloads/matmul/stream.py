@@ -143,7 +143,7 @@ class Schedule:
     b_slots: int
     first_rows: int = 0  # the first panel's first block in pieces from this many rows (0: whole)
     smallest_band: int = 0  # the last band in halves down to this many rows (0: equal bands)
-    # B kept whole on the device: the panels after the first are one product over all of k.
+    # B kept whole on the device: the panels after the first phase are one product over all of k.
     whole_k: bool = False
     first_panels: int = 2  # B kept whole: panels of rows in the first phase (1 or 2)
 
@@ -204,10 +204,11 @@ def _whole_k_steps(rows: int, k: int, s: Schedule) -> list[Step]:
     The first phase multiplies ``s.first_panels`` panels' rows (C in slots 0 and 1) by
     each block of B as it is read (the first block in pieces; A's blocks in slots 2 and 3
     in turn), so its products outlast B's read (see ``B_HIDDEN_ROWS``); its last block
-    runs a panel at a time, so the first one's write starts while the second multiplies. Each later panel is one product over
-    all of k (beta = 0), its A in slot 2 and C in slot 3, or 0 and 1, in turn: a panel's
-    A is read while the panel before multiplies, and its C written while the next one
-    does. The last panel runs band by band. B is read once, into one buffer (``b_slot`` 0).
+    runs a panel at a time, so the first one's write starts while the second multiplies.
+    Each later panel is one product over all of k (beta = 0), its A in slot 2 and C in
+    slot 3, or 0 and 1, in turn: a panel's A is read while the panel before multiplies,
+    and its C written while the next one does. The last panel runs band by band. B is
+    read once, into one buffer (``b_slot`` 0).
     """
     h = s.panel_rows
     blocks = split_by_size(k, s.block_rows)
@@ -314,8 +315,8 @@ def _whole_k(rows: int, n: int, k: int, itemsize: int, budget: int, verify: bool
     """The schedule that keeps all of B on the device, where it and ``SLOTS`` panels (two
     of C, two of A) fit in all but ``WHOLE_K_SLACK`` of the budget with panels of at least
     ``WHOLE_K_ROWS`` rows (a multiple of ``MIN_BAND_ROWS``) and C needs more than one of
-    them; None elsewhere. A panel is at most a quarter of the rows: the first one, whose
-    products run over blocks of k as B comes in, is then at most a quarter of the work."""
+    them; None elsewhere. A panel is at most a quarter of the rows: the first phase, whose
+    products run over blocks of k as B comes in, is then at most half of the work."""
     per_row = SLOTS * itemsize * max(n, k)
     room = int(budget * (1 - WHOLE_K_SLACK)) - itemsize * k * n - (8 * (2 * rows + n + 2 * k) if verify else 0)
     h = max(0, room) // per_row // MIN_BAND_ROWS * MIN_BAND_ROWS
