@@ -286,7 +286,7 @@ def test_the_schedulers_warning_of_lost_steps_is_dropped_for_this_jobs_keys_only
         return _StepsLost(token).filter(record)
 
     assert not passes(
-        "'stencil-step-1-185-ab12cd', 'stencil-kept-0-150-ab12cd', 'stencil-own-1-150-ab12cd', 'stencil-saved-2-50-ab12cd-1'"
+        "'stencil-step-1-185-ab12cd', 'stencil-kept-0-150-ab12cd', 'stencil-lent-1-150-ab12cd', 'stencil-saved-2-50-ab12cd-1'"
     )
     assert passes("'stencil-step-1-185-ab12cd', 'matmul-tile-3-ab12cd'")  # a key of something else: said
     assert passes("'stencil-step-1-185-ab12cd'", token="ffffff")  # another job's

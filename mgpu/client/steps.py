@@ -52,7 +52,7 @@ class _StepsLost(logging.Filter):
             return True
         named = message.split("elsewhere:", 1)[-1].split("(stimulus_id", 1)[0]
         keys = re.findall(r"'([^']+)'", named)
-        ours = rf"-(step|saved|own|kept|resume)-\d+-\d+-{self.token}(-\d+)?$"
+        ours = rf"-(step|saved|lent|kept|resume)-\d+-\d+-{self.token}(-\d+)?$"
         return not keys or not all(re.search(ours, k) for k in keys)
 
 
@@ -222,38 +222,29 @@ class SteppedRun:
     def _checkpoint(self, tile: Tile, step: int, after: Any, keeper: str) -> None:
         """Keep tile's checkpoint at ``step`` (saved by its step ``after``) on its worker and on ``keeper``.
 
-        Both copies are made from a third key, which goes once they are: each copy is
-        then a key held by one worker. Where the keeper's copy was made from the tile's
-        own copy, the keeper's fetch left a second replica of it, and Dask's active memory
-        manager (``ReduceReplicas``) drops the replicas of a key no task waits for, at
-        times the one on the tile's worker: both copies were then on the keeper, and a
-        CPU test that lost the keeper lost the tile's checkpoint in 1 run of 6.
+        The keeper's copy is made from a second key on the tile's worker (the same data,
+        no copy), which goes once that copy is made. Made from the tile's own copy, the
+        keeper's fetch left a second replica of it, and Dask's active memory manager
+        (``ReduceReplicas``) drops the replicas of a key no task waits for, at times the
+        one on the tile's worker: both copies were then on the keeper, and a CPU test that
+        lost the keeper lost the tile's checkpoint in 1 run of 8. Each copy is now a key
+        with one replica; a lost keeper's copy is made again from the tile's own.
         """
         name, token = self.workload.name, self.token
-        handed = self.client.submit(
-            hand_over_checkpoint,
-            token,
-            tile.index,
-            step,
-            after,
-            key=f"{name}-saved-{tile.index}-{step}-{token}",
-            workers=[tile.worker],
-            allow_other_workers=False,
-            pure=False,
-            priority=-step,
-        )
-        own, kept = (
-            self.client.submit(
-                keep_checkpoint,
-                handed,
+
+        def on(worker: str | None, fn: Any, *args: Any, kind: str) -> Any:
+            return self.client.submit(
+                fn,
+                *args,
                 key=f"{name}-{kind}-{tile.index}-{step}-{token}",
-                workers=[where],
+                workers=[worker],
                 allow_other_workers=False,
                 pure=False,
                 priority=-step,
             )
-            for kind, where in (("own", tile.worker), ("kept", keeper))
-        )
+
+        own = on(tile.worker, hand_over_checkpoint, token, tile.index, step, after, kind="saved")
+        kept = on(keeper, keep_checkpoint, on(tile.worker, keep_checkpoint, own, kind="lent"), kind="kept")
         with self._lock:
             self._saved.setdefault(step, {})[tile.index] = [own, kept]
         kept.add_done_callback(lambda fut: self._prune(step))
