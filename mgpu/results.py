@@ -158,6 +158,14 @@ class Timeline(BaseModel):
     write_tail_s: float  # after the last product, the writes still going on
     writes_s: float | None = None  # while at least one writer wrote, hidden or not
     pieces: int | None = None  # write jobs the writer threads ran
+    # Of idle_s: before products whose inputs were still being read, before products whose
+    # buffer held C not yet written, and the check's kernels (the rest: the task's thread late).
+    idle_inputs_s: float | None = None
+    idle_writes_s: float | None = None
+    checks_s: float | None = None
+    # The products' rate over a block of k (adding to sums) and over all of k (B kept whole).
+    blocks_tflops: float | None = None
+    whole_k_tflops: float | None = None
 
 
 class Recovery(BaseModel):

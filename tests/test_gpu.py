@@ -634,6 +634,9 @@ def test_streamed_matmul_from_files_on_one_gpu(tmp_path, limit):
     parts = (t.first_load_s, t.products_s, t.idle_s, t.write_tail_s)
     assert min(parts) >= 0 and sum(parts) == pytest.approx(t.span_s, abs=1e-6)
     assert t.span_s <= result.per_device[0].span_s + 1e-6 and t.products_s > 0 and t.pieces >= 2
+    # The idle's causes, on the device's clock, are parts of the idle on the worker's.
+    assert 0 <= t.idle_inputs_s + t.idle_writes_s + t.checks_s <= t.idle_s + 1e-3
+    assert t.blocks_tflops > 0 and t.whole_k_tflops is None
 
 
 @pytest.mark.parametrize("method", ["pwrite", "mmap"])

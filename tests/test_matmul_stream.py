@@ -256,6 +256,40 @@ def test_several_writers_write_every_band_and_the_timeline_adds_up(tmp_path, sch
         assert t["span_s"] <= spans[t["device"]] + 1e-6  # within the tile's own span
         assert t["products_s"] > 0 and t["writes_s"] > 0
         assert t["pieces"] == len(bands) + 1  # every band, and the output's pages made first
+        # The idle's causes are parts of it (each gap counted once, the check's kernels apart).
+        causes = t["idle_inputs_s"] + t["idle_writes_s"] + t["checks_s"]
+        assert min(t["idle_inputs_s"], t["idle_writes_s"], t["checks_s"]) >= 0
+        assert causes <= t["idle_s"] + 1e-4
+        assert t["blocks_tflops"] > 0 and t["whole_k_tflops"] is None  # every product over a block of k
+
+
+def test_the_idle_before_a_product_goes_to_what_the_task_waited_for():
+    gaps = [0.0, 0.5, 0.25, 0.125, 2.0]
+    waits = [(1.0, 0.0), (0.3, 0.0), (0.01, 0.2), (0.0, 0.0), (ms.WAITED_S / 2, 0.0)]
+    # The first product's wait is the first load (not idle); a gap with no wait is the thread's own.
+    assert ms.idle_by_cause(gaps, waits) == {"idle_inputs_s": 0.5, "idle_writes_s": 0.25}
+
+
+def test_the_gaps_between_products_leave_out_the_checks_between_them():
+    from mgpu.worker.device import Timing
+
+    products = [Timing(1.0, 0.0, 1.0), Timing(1.0, 1.5, 2.5), Timing(0.5, 2.5, 3.0)]
+    checks = [Timing(0.25, 1.0, 1.25), None, None]
+    assert ms._gaps(products, checks) == [0.0, 0.25, 0.0]
+    assert products[1].since(products[0]) == 0.5  # on a CPU: the wall clock between them
+
+
+def test_the_product_rates_are_kept_apart_by_whether_they_run_over_all_of_k():
+    k, n = 64, 10
+    steps = [
+        ms.Step((0, 8), (0, 32), 0, True, True, False),
+        ms.Step((0, 8), (32, 64), 0, True, False, True),
+        ms.Step((8, 16), (0, 64), 0, False, True, True),
+    ]
+    rates = ms.product_rates(steps, [1e-9, 3e-9, 2e-9], n, k)
+    assert rates == pytest.approx(
+        {"blocks_tflops": 2 * 8 * 10 * 64 / 4e-9 / 1e12, "whole_k_tflops": 2 * 8 * 10 * 64 / 2e-9 / 1e12}
+    )
 
 
 def test_a_job_whose_writes_fail_mid_way_leaves_no_output(tmp_path, cluster, scheduler):

@@ -45,6 +45,8 @@ SIZES: dict[str, dict[str, Any]] = {
         "dot_budget": "16GiB",
     },
 }
+# Where a timeline's idle went, and its products' rates (see mgpu.results.Timeline).
+TIMELINE_DETAIL = ("idle_inputs_s", "idle_writes_s", "checks_s", "blocks_tflops", "whole_k_tflops")
 _ROWS_AT_ONCE = 64 << 20  # bytes of a file made and written at a time
 
 
@@ -197,7 +199,7 @@ def median_timeline(results: list[dict[str, Any]]) -> dict[str, float] | None:
     slowest = [max(r["timeline"], key=lambda t: t["span_s"]) for r in results if r.get("timeline")]
     if not slowest:
         return None
-    parts = ("span_s", "first_load_s", "products_s", "idle_s", "write_tail_s", "writes_s")
+    parts = ("span_s", "first_load_s", "products_s", "idle_s", "write_tail_s", "writes_s", *TIMELINE_DETAIL)
     return {k: statistics.median(t[k] for t in slowest) for k in parts if all(t.get(k) is not None for t in slowest)}
 
 

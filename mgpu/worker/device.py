@@ -71,6 +71,16 @@ class Timing:
             self.value = cupy.cuda.get_elapsed_time(self.start, self.stop) / 1e3
         return self.value
 
+    def since(self, earlier: Timing) -> float:
+        """Seconds from the end of ``earlier``'s work to the start of this one's (on a GPU
+        between their events, on the device's clock; on a CPU the wall clock)."""
+        if isinstance(self.start, float):  # timed on a CPU
+            return float(self.start - earlier.stop)
+        import cupy
+
+        self.start.synchronize()
+        return cupy.cuda.get_elapsed_time(earlier.stop, self.start) / 1e3
+
 
 class DeviceCache:
     """Arrays a job keeps on its device between tiles, one entry per slot.
@@ -262,9 +272,10 @@ class Device:
             yield timing
             timing.stop.record(stream)
         else:
-            t0 = time.perf_counter()
+            timing.start = time.perf_counter()
             yield timing
-            timing.value = time.perf_counter() - t0
+            timing.stop = time.perf_counter()
+            timing.value = timing.stop - timing.start
 
     def to_device(self, host: np.ndarray) -> Any:
         """Copy a host array to the device (a no-op on the CPU), counting the bytes."""

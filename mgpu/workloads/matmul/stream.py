@@ -651,14 +651,18 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
     panel = -1
     first = products_end = 0.0
     products: list[Any] = []
+    checks: list[Any] = []  # the check's timing after each product (None without a check)
+    waits: list[tuple[float, float]] = []  # the task's thread before each product: for its inputs, for a C written
     try:
         with dev.on_stream():
             for t, st in enumerate(plan_steps):
+                waited = time.perf_counter()
                 if gpu:
                     ready.wait(t)
                 else:
                     ahead(t)
                     load(t)
+                inputs_s, waited = time.perf_counter() - waited, time.perf_counter()
                 (a0, a1), (k0, k1) = st.rows, st.block
                 if st.panel != panel:  # a new panel: its C buffer's last panel must be written
                     panel = st.panel
@@ -666,20 +670,23 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
                     if before is not None and writers is not None:  # else the stream orders them
                         wait_free(before)
                     base, c = c_view(panel, st)
+                waits.append((inputs_s, time.perf_counter() - waited))
                 if t == 0:
                     first = time.perf_counter()
                 a, b, cv = a_view(t), b_view(t), c[a0 - base : a1 - base]
                 with ctx.timer() as timing:
                     _gemm(xp, a, b, cv, first=st.first)
                 products.append(timing)
+                check = None
                 if ctx.verify:  # Freivalds: C r against A (B r), B r made once per block
-                    with ctx.check_timer():
+                    with ctx.check_timer() as check:
                         # B kept whole: the first panel made all of B r, block by block.
                         if first_use[st.block] == t and not (s.whole_k and st.panel > 0):
                             br[k0:k1] = matvec_f64(xp, b, r)
                         abr[a0:a1] += matvec_f64(xp, a, br[k0:k1])
                         if st.done:
                             cr[a0:a1] = matvec_f64(xp, cv, r)
+                checks.append(check)
                 if gpu:
                     used[t] = dev.stream.record()
                     used_set.set(t)
@@ -706,13 +713,54 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
         raise
     end = writers.last_end if writers is not None and writers.pieces else products_end
     products_s = sum(t.seconds for t in products)
-    ctx.record.extra["timeline"] = timeline(
-        started, first or products_end, products_end, max(end, products_end), products_s, writers
-    )
+    ctx.record.extra["timeline"] = {
+        **timeline(started, first or products_end, products_end, max(end, products_end), products_s, writers),
+        **idle_by_cause(_gaps(products, checks), waits),
+        "checks_s": sum(c.seconds for c in checks if c is not None),
+        **product_rates(plan_steps, [t.seconds for t in products], n, p.k),
+    }
     # What the helper threads moved, counted for this task.
     dev.count_read("h2d", moved["h2d"], moved["h2d_s"])
     dev.count_read("d2h", moved["d2h"], writers.busy_s if writers is not None else 0.0)
     return {"cr": cr, "abr": abr} if ctx.verify else {"cr": None, "abr": None}
+
+
+# The task's thread waited (for a step's inputs, or for C to be written) where it took this long.
+WAITED_S = 1e-4
+
+
+def _gaps(products: list[Any], checks: list[Any]) -> list[float]:
+    """The device's time before each product since the one before ended, the check's
+    kernels between them taken out (0 before the first)."""
+    out = [0.0] if products else []
+    for t in range(1, len(products)):
+        check = checks[t - 1].seconds if checks[t - 1] is not None else 0.0
+        out.append(max(0.0, products[t].since(products[t - 1]) - check))
+    return out
+
+
+def idle_by_cause(gaps: list[float], waits: list[tuple[float, float]]) -> dict[str, float]:
+    """The device's idle before each product (``gaps``) summed by what the task's thread
+    waited for before it enqueued that product (``waits``: seconds for the step's
+    inputs, seconds for a panel's C to be written): ``idle_inputs_s`` and
+    ``idle_writes_s``, the longer wait taking the gap. Gaps where it waited for neither
+    (the thread itself was late) count in neither."""
+    out = {"idle_inputs_s": 0.0, "idle_writes_s": 0.0}
+    for gap, (inputs, writes) in zip(gaps, waits, strict=True):
+        if max(inputs, writes) >= WAITED_S:
+            out["idle_writes_s" if writes > inputs else "idle_inputs_s"] += gap
+    return out
+
+
+def product_rates(steps: list[Step], seconds: list[float], n: int, k: int) -> dict[str, float]:
+    """TFLOP/s of the products over a block of k (``blocks_tflops``: adding to sums,
+    rereading their C) and over all of k (``whole_k_tflops``), for the kinds the steps have."""
+    sums = {"blocks_tflops": [0.0, 0.0], "whole_k_tflops": [0.0, 0.0]}  # flop, seconds
+    for st, sec in zip(steps, seconds, strict=True):
+        kind = sums["whole_k_tflops" if st.block == (0, k) else "blocks_tflops"]
+        kind[0] += 2.0 * (st.rows[1] - st.rows[0]) * n * (st.block[1] - st.block[0])
+        kind[1] += sec
+    return {kind: flop / sec / 1e12 for kind, (flop, sec) in sums.items() if sec > 0}
 
 
 def warm_up(workload: Any, dev: Any, tile: Tile) -> None:
