@@ -639,6 +639,26 @@ def test_streamed_matmul_from_files_on_one_gpu(tmp_path, limit):
     assert t.blocks_tflops > 0 and t.whole_k_tflops is None
 
 
+def test_streamed_matmul_keeping_b_whole_on_one_gpu(tmp_path):
+    m, k, n = 9000, 2000, 2000  # B (16 MB) whole beside four panels of 2250 rows: three panels, bands
+    a, b, _ = npy_operands(tmp_path, m, k, n, seed=8, dtype=np.float32)
+    out = tmp_path / "c.npy"
+    params = {
+        "input": {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")},
+        "output": str(out),
+        "operands": "streamed",
+    }
+    result = run_job(validate_job(_job("matmul", params, devices=[0], memory_limit="100MB")))
+    assert result.status == "ok" and result.verify.passed
+    assert result.plan["tile_shape"]["k"] == k and result.plan["tile_shape"]["m"] < m // 2
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.abs(np.load(out) - ref).max() <= 1e-4 * np.abs(ref).max()
+    assert result.pcie.bytes == result.pcie.minimum_bytes == 4 * (m * k + k * n + m * n)
+    (t,) = result.timeline
+    assert t.blocks_tflops > 0 and t.whole_k_tflops > 0
+    assert 0 <= t.idle_inputs_s + t.idle_writes_s + t.checks_s <= t.idle_s + 1e-3
+
+
 @pytest.mark.parametrize("method", ["pwrite", "mmap"])
 def test_streamed_matmul_writes_c_by_either_method_on_one_gpu(tmp_path, method):
     import dask.config

@@ -50,33 +50,46 @@ def _cover(rows: int, k: int, s: ms.Schedule) -> None:
 def _slots_safe(steps: list[ms.Step], h: int, k: int) -> None:
     """Where B stays whole: no slot is filled while what it held may still be needed.
 
-    A step's block of A goes into its slot only after every earlier product that read an
-    overlapping part of it (the wait names that step or a later one, or a panel whose C
-    came there after it), and after every earlier panel's C there is written; a panel's
-    C goes into its slot only after the C that was there before is written."""
+    The loader reads the steps' blocks of A in order, each after its wait
+    (:func:`ms.slot_waits`): a step's product (and every one before it, one stream), or
+    a panel's C written (and its products run). So what is surely done before a step's A
+    is read is what its wait and the reads before it waited for. A block of A goes into
+    its slot only once every earlier product that read an overlapping part of it has
+    run, and every earlier panel's C there is written; a panel's C goes into its slot
+    only after the C that was there before is written."""
     a_wait, c_wait = ms.slot_waits(steps)
     panel_steps: dict[int, list[int]] = {}
     for t, st in enumerate(steps):
         panel_steps.setdefault(st.panel, []).append(t)
-    first_row = {p: steps[ts[0]].rows[0] for p, ts in panel_steps.items()}
 
     def a_part(t: int) -> tuple[int, int, int]:
         st = steps[t]
-        width = st.block[1] - st.block[0]
-        at = (st.rows[0] - first_row[st.panel]) * width
-        return st.a_slot, at, at + (st.rows[1] - st.rows[0]) * width
+        return st.a_slot, st.a_at, st.a_at + (st.rows[1] - st.rows[0]) * (st.block[1] - st.block[0])
 
+    ran: list[int] = []  # per step: the last product surely run before its A is read
+    written: list[set[int]] = []  # per step: the panels whose C is surely written by then
     for t, st in enumerate(steps):
+        done, out = (ran[-1], set(written[-1])) if t else (-1, set())
+        reader, panel = a_wait[t]
+        if panel is not None:  # its C written: its products ran
+            out.add(panel)
+            reader = max(reader if reader is not None else -1, panel_steps[panel][-1])
+        if reader is not None:
+            assert reader < t
+            done = max(done, reader)
+        if done >= 0:
+            out |= written[done]  # a product ran after its own A was read
+        ran.append(done)
+        written.append(out)
         slot, lo, hi = a_part(t)
         assert 0 <= lo < hi <= h * k  # within the slot (of h rows of A at least)
-        reader, panel = a_wait[t]
         for u in range(t):
             other, olo, ohi = a_part(u)
             if other == slot and olo < hi and lo < ohi:
-                assert (reader is not None and reader >= u) or (panel is not None and panel_steps[panel][0] > u)
+                assert done >= u, (t, u)
         for q in range(st.panel):
             if slot in ms.c_slots_of(steps[panel_steps[q][0]]) and panel_steps[q][0] < t:
-                assert panel is not None and panel >= q
+                assert q in out, (t, q)
         assert slot not in ms.c_slots_of(st)  # A and C of one step apart
     for p, ts in panel_steps.items():
         here = set(ms.c_slots_of(steps[ts[0]]))
@@ -98,10 +111,10 @@ def _slots_safe(steps: list[ms.Step], h: int, k: int) -> None:
 def test_every_product_runs_once_and_every_row_is_finished_once(rows, k, panel, kb, final, bands, first, smallest):
     _cover(rows, k, ms.Schedule(panel, kb, final, bands, max(2, final), first, smallest))
     # B kept whole: the first panel over its blocks as they come, the others over all of k.
-    # Its blocks at most half of k wide, as _whole_k makes them: two panels' rows fit a slot.
+    # Its blocks at most a quarter of k wide, as _whole_k makes them: two of two panels' rows fit a slot.
     for panels in (1, 2):  # the first phase over one panel's rows or two
         whole = ms.Schedule(
-            panel, max(1, min(kb, k // 2)), 0, bands, 1, first, smallest, whole_k=True, first_panels=panels
+            panel, max(1, min(kb, k // 4)), 0, bands, 1, first, smallest, whole_k=True, first_panels=panels
         )
         _cover(rows, k, whole)
 
@@ -125,6 +138,11 @@ def test_b_stays_whole_where_it_fits_beside_four_panels_and_all_of_c_does_not():
         (0, s.panel_rows),
         (s.panel_rows, 2 * s.panel_rows),
     ]
+    # The next panel's A is read as soon as the first phase's reads are done: it waits for
+    # no product (the first phase's blocks of A take the halves of another slot).
+    a_wait, _ = ms.slot_waits(steps)
+    assert a_wait[len(first)] == (None, None) and {st.a_slot for st in first} == {3}
+    _slots_safe(steps, s.panel_rows, 32768)
     # Three quarters of the work and more in products over all of k; the last write small.
     whole = sum((st.rows[1] - st.rows[0]) * 32768 for st in steps if st.block == (0, 32768))
     assert whole / 32768**2 > 0.75
@@ -134,6 +152,7 @@ def test_b_stays_whole_where_it_fits_beside_four_panels_and_all_of_c_does_not():
     big = ms.choose(rows=49152, n=49152, k=49152, itemsize=4, budget=16 << 30, verify=True)
     assert big.whole_k and big.panel_rows >= ms.B_HIDDEN_ROWS and big.first_panels == 1
     assert big.steps(49152, 49152)[0].rows == (0, big.panel_rows)
+    _slots_safe(big.steps(49152, 49152), big.panel_rows, 49152)
     # Where B cannot stay whole beside four panels of WHOLE_K_ROWS rows: C is kept, or panels of it.
     assert not ms.choose(rows=32768, n=32768, k=32768, itemsize=4, budget=5 << 30, verify=True).whole_k
     # Where all of C fits beside B, C is kept: the products' sums stay on the device.

@@ -130,6 +130,7 @@ class Step:
     # panel's C is in (the first phase's C spans slots 0 and 1); -1 elsewhere.
     a_slot: int = -1
     c_slot: int = -1
+    a_at: int = 0  # B kept whole: where in its slot the block of A starts (elements)
 
 
 @dataclass(frozen=True)
@@ -202,9 +203,11 @@ def _whole_k_steps(rows: int, k: int, s: Schedule) -> list[Step]:
     buffers of ``s.panel_rows`` rows each.
 
     The first phase multiplies ``s.first_panels`` panels' rows (C in slots 0 and 1) by
-    each block of B as it is read (the first block in pieces; A's blocks in slots 2 and 3
-    in turn), so its products outlast B's read (see ``B_HIDDEN_ROWS``); its last block
-    runs a panel at a time, so the first one's write starts while the second multiplies.
+    each block of B as it is read (the first block in pieces), so its products outlast
+    B's read (see ``B_HIDDEN_ROWS``); its last block runs a panel at a time, so the first
+    one's write starts while the second multiplies. Its blocks of A take the two halves
+    of slot 3 in turn (a block is at most ``2 h`` rows by a quarter of a slot's width),
+    so slot 2 is free for the next panel's A, read while the first phase multiplies.
     Each later panel is one product over all of k (beta = 0), its A in slot 2 and C in
     slot 3, or 0 and 1, in turn: a panel's A is read while the panel before multiplies,
     and its C written while the next one does. The last panel runs band by band. B is
@@ -214,14 +217,21 @@ def _whole_k_steps(rows: int, k: int, s: Schedule) -> list[Step]:
     blocks = split_by_size(k, s.block_rows)
     head = first_pieces(blocks[0], s.first_rows) + blocks[1:] if s.first_rows else blocks
     first = min(rows, s.first_panels * h)
-    out = [Step((0, first), blk, 0, True, i == 0, False, 0, 2 + i % 2, 0) for i, blk in enumerate(head[:-1])]
+    half = first * s.block_rows  # the first phase's blocks of A: two of them in slot 3
+
+    def a_at(i: int, row: int, width: int) -> int:
+        return i % 2 * half + row * width
+
+    out = [Step((0, first), blk, 0, True, i == 0, False, 0, 3, 0, a_at(i, 0, 0)) for i, blk in enumerate(head[:-1])]
+    width = head[-1][1] - head[-1][0]
     for i, (b0, b1) in enumerate(split_by_size(first, h)):  # the last block, a panel at a time
-        out.append(Step((b0, b1), head[-1], 0, i == 0, len(head) == 1, True, 0, 2 + len(out) % 2, 0))
+        at = a_at(len(out), b0, width)
+        out.append(Step((b0, b1), head[-1], 0, i == 0, len(head) == 1, True, 0, 3, 0, at))
     for p, (p0, p1) in enumerate(split_by_size(rows - first, h), start=1):
         p0, p1 = first + p0, first + p1
         bands = band_bounds(p1 - p0, s.bands, s.smallest_band) if p1 == rows else [(0, p1 - p0)]
         a_slot, c_slot = (2, 3) if p % 2 else (0, 1)
-        out += [Step((p0 + b0, p0 + b1), (0, k), 0, False, True, True, p, a_slot, c_slot) for b0, b1 in bands]
+        out += [Step((p0 + b0, p0 + b1), (0, k), 0, False, True, True, p, a_slot, c_slot, b0 * k) for b0, b1 in bands]
     return out
 
 
@@ -233,27 +243,28 @@ def c_slots_of(st: Step) -> tuple[int, ...]:
 def slot_waits(steps: list[Step]) -> tuple[list[tuple[int | None, int | None]], dict[int, int | None]]:
     """What must be done before a slot is filled again, where B stays whole.
 
-    For each step: the step whose product last read the slot its A is read into, and the
-    panel whose C was last in it (all of it written first). The bands of a panel after
-    the first phase read their rows of A into one slot side by side: each waits for what
-    the first band waits for. For each panel: the panel whose C was last in its C slot.
-    A product that read a slot as A needs no wait before a panel's C goes there: the
-    products run in order on one stream.
+    For each step: what was last in the part of the slot its block of A is read into,
+    the step whose product read it as A or the panel whose C was there (all of it written
+    first). For each panel: the panel whose C was last in its C slot, if a C was the last
+    thing there. A product that read a slot as A needs no wait before a panel's C goes
+    there: the products run in order on one stream. What was in a slot before the last
+    thing needs no wait either: the last thing's own load or products waited for it.
     """
-    holder: dict[int, tuple[str, int]] = {}  # slot -> ("a", step) or ("c", panel)
+    # slot -> what was in it, in order: (lo, hi, "a", step) or (0, inf, "c", panel)
+    held: dict[int, list[tuple[int, float, str, int]]] = collections.defaultdict(list)
     a_wait: list[tuple[int | None, int | None]] = []
     c_wait: dict[int, int | None] = {}
     for t, st in enumerate(steps):
         if st.panel not in c_wait:
-            held = [holder[c] for c in c_slots_of(st) if c in holder]
-            c_wait[st.panel] = next((who for kind, who in held if kind == "c"), None)
-            holder.update(dict.fromkeys(c_slots_of(st), ("c", st.panel)))
-        if st.panel > 0 and steps[t - 1].panel == st.panel:  # a later band of the panel
-            a_wait.append(a_wait[-1])
-        else:
-            kind, who = holder.get(st.a_slot, ("", -1))
-            a_wait.append((who if kind == "a" else None, who if kind == "c" else None))
-        holder[st.a_slot] = ("a", t)
+            last = [held[c][-1] for c in c_slots_of(st) if held[c]]
+            c_wait[st.panel] = next((who for _, _, kind, who in last if kind == "c"), None)
+            for c in c_slots_of(st):
+                held[c].append((0, math.inf, "c", st.panel))
+        lo, hi = st.a_at, st.a_at + (st.rows[1] - st.rows[0]) * (st.block[1] - st.block[0])
+        there = (u for u in reversed(held[st.a_slot]) if u[0] < hi and lo < u[1])
+        _, _, kind, who = next(there, (0, 0, "", -1))
+        a_wait.append((who if kind == "a" else None, who if kind == "c" else None))
+        held[st.a_slot].append((lo, hi, "a", t))
     return a_wait, c_wait
 
 
@@ -323,7 +334,7 @@ def _whole_k(rows: int, n: int, k: int, itemsize: int, budget: int, verify: bool
     if h < min(WHOLE_K_ROWS, rows) or h >= rows:
         return None
     h = min(h, max(WHOLE_K_ROWS, rows // 4))
-    kb = max(1, min(BLOCK_ROWS, k, max(n, k) // 2))  # a block of two panels' rows fits a slot
+    kb = max(1, min(BLOCK_ROWS, k, max(n, k) // 4))  # two blocks of two panels' rows fit a slot
     first_panels = 1 if h * 4 >= B_HIDDEN_ROWS * itemsize else 2
     return Schedule(
         h, kb, 0, WHOLE_K_BANDS, 1, min(FIRST_ROWS, kb), MIN_BAND_ROWS, whole_k=True, first_panels=first_panels
@@ -540,8 +551,7 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
         (a0, a1), (k0, k1) = st.rows, st.block
         if not s.whole_k:
             return slots[1 + t % 2][: (a1 - a0) * (k1 - k0)].reshape(a1 - a0, k1 - k0)
-        at = (a0 - panel_rows_of[st.panel][0]) * (k1 - k0)  # a panel's bands side by side
-        return slots[st.a_slot][at : at + (a1 - a0) * (k1 - k0)].reshape(a1 - a0, k1 - k0)
+        return slots[st.a_slot][st.a_at : st.a_at + (a1 - a0) * (k1 - k0)].reshape(a1 - a0, k1 - k0)
 
     def b_view(t: int) -> Any:
         k0, k1 = plan_steps[t].block
