@@ -639,8 +639,9 @@ def test_streamed_matmul_from_files_on_one_gpu(tmp_path, limit):
     assert t.blocks_tflops > 0 and t.whole_k_tflops is None
 
 
-def test_streamed_matmul_keeping_b_whole_on_one_gpu(tmp_path):
-    m, k, n = 9000, 2000, 2000  # B (16 MB) whole beside four panels of 2250 rows: three panels, bands
+@pytest.mark.parametrize("k,n,limit", [(2000, 2000, "100MB"), (3000, 1000, "160MB")])
+def test_streamed_matmul_keeping_b_whole_on_one_gpu(tmp_path, k, n, limit):
+    m = 9000  # B (12-16 MB) whole beside four panels of 2250 rows: the first phase, two panels, bands
     a, b, _ = npy_operands(tmp_path, m, k, n, seed=8, dtype=np.float32)
     out = tmp_path / "c.npy"
     params = {
@@ -648,7 +649,7 @@ def test_streamed_matmul_keeping_b_whole_on_one_gpu(tmp_path):
         "output": str(out),
         "operands": "streamed",
     }
-    result = run_job(validate_job(_job("matmul", params, devices=[0], memory_limit="100MB")))
+    result = run_job(validate_job(_job("matmul", params, devices=[0], memory_limit=limit)))
     assert result.status == "ok" and result.verify.passed
     assert result.plan["tile_shape"]["k"] == k and result.plan["tile_shape"]["m"] < m // 2
     ref = a.astype(np.float64) @ b.astype(np.float64)

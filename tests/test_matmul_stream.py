@@ -44,57 +44,80 @@ def _cover(rows: int, k: int, s: ms.Schedule) -> None:
     assert (done == 1).all() and (finished == 1).all()
     assert not s.whole_k or (b_read == 1).all()
     if s.whole_k:
-        _slots_safe(steps, s.panel_rows, k)
+        _slots_safe(steps, s, k)
 
 
-def _slots_safe(steps: list[ms.Step], h: int, k: int) -> None:
-    """Where B stays whole: no slot is filled while what it held may still be needed.
+def _slots_safe(steps: list[ms.Step], s: ms.Schedule, k: int) -> None:
+    """Where B stays whole: nothing goes into the slots while what it covers may still be needed.
 
     The loader reads the steps' blocks of A in order, each after its wait
-    (:func:`ms.slot_waits`): a step's product (and every one before it, one stream), or
-    a panel's C written (and its products run). So what is surely done before a step's A
+    (:func:`ms.slot_waits`): a step's product (and every one before it, one stream), and
+    pieces of C written (their products run). So what is surely done before a step's A
     is read is what its wait and the reads before it waited for. A block of A goes into
-    its slot only once every earlier product that read an overlapping part of it has
-    run, and every earlier panel's C there is written; a panel's C goes into its slot
-    only after the C that was there before is written."""
-    a_wait, c_wait = ms.slot_waits(steps)
-    panel_steps: dict[int, list[int]] = {}
+    the slots only once every earlier product that read an overlapping block has run,
+    and every piece of C there (of a panel begun before the step) is written; a panel's
+    C goes in only once every piece of earlier panels' C there is written."""
+    size = s.panel_rows * max(s.n, k)
+    a_wait, c_wait = ms.slot_waits(steps, size, s.n)
+    panel_first: dict[int, int] = {}
     for t, st in enumerate(steps):
-        panel_steps.setdefault(st.panel, []).append(t)
+        panel_first.setdefault(st.panel, t)
+    pieces = [(u, ms.c_region(st, size, s.n)) for u, st in enumerate(steps) if st.done]
 
-    def a_part(t: int) -> tuple[int, int, int]:
-        st = steps[t]
-        return st.a_slot, st.a_at, st.a_at + (st.rows[1] - st.rows[0]) * (st.block[1] - st.block[0])
+    def overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+        return a[0] < b[1] and b[0] < a[1]
 
     ran: list[int] = []  # per step: the last product surely run before its A is read
-    written: list[set[int]] = []  # per step: the panels whose C is surely written by then
+    written: list[set[int]] = []  # per step: the pieces of C surely written by then
     for t, st in enumerate(steps):
         done, out = (ran[-1], set(written[-1])) if t else (-1, set())
-        reader, panel = a_wait[t]
-        if panel is not None:  # its C written: its products ran
-            out.add(panel)
-            reader = max(reader if reader is not None else -1, panel_steps[panel][-1])
-        if reader is not None:
-            assert reader < t
-            done = max(done, reader)
+        reader, need = a_wait[t]
+        out |= need
+        done = max([done, *need] + ([reader] if reader is not None else []))
+        assert done < t
         if done >= 0:
             out |= written[done]  # a product ran after its own A was read
         ran.append(done)
         written.append(out)
-        slot, lo, hi = a_part(t)
-        assert 0 <= lo < hi <= h * k  # within the slot (of h rows of A at least)
+        lo, hi = ms.a_region(st, size)
+        assert st.a_slot * size <= lo < hi <= (st.a_slot + 1) * size  # within its slot
         for u in range(t):
-            other, olo, ohi = a_part(u)
-            if other == slot and olo < hi and lo < ohi:
+            if overlap(ms.a_region(steps[u], size), (lo, hi)):
                 assert done >= u, (t, u)
-        for q in range(st.panel):
-            if slot in ms.c_slots_of(steps[panel_steps[q][0]]) and panel_steps[q][0] < t:
-                assert q in out, (t, q)
-        assert slot not in ms.c_slots_of(st)  # A and C of one step apart
-    for p, ts in panel_steps.items():
-        here = set(ms.c_slots_of(steps[ts[0]]))
-        before = [q for q in range(p) if here & set(ms.c_slots_of(steps[panel_steps[q][0]]))]
-        assert c_wait[p] == (max(before) if before else None)
+        for u, region in pieces:
+            if panel_first[steps[u].panel] < t and overlap(region, (lo, hi)):
+                assert u in out, (t, u)
+        assert not overlap(ms.c_region(st, size, s.n), (lo, hi))  # A and C of one step apart
+    # The task's thread has each step's A (what the loader waited for) before its product,
+    # and waits for each panel's pieces in turn.
+    task_written: set[int] = set()
+    for p, t0 in sorted(panel_first.items()):
+        task_written |= written[t0]
+        for u in c_wait[p]:
+            assert u < t0
+            task_written |= {u} | written[u]
+        mine = [ms.c_region(st, size, s.n) for st in steps if st.panel == p]
+        for u, region in pieces:
+            if steps[u].panel < p and any(overlap(region, m) for m in mine):
+                assert u in task_written, (p, u)
+
+
+def test_the_slots_wait_for_what_lies_under_each_block_of_a_and_panel_of_c():
+    # Slots of 100 elements, C 10 wide; A and C placed by hand where a schedule might.
+    def step(t: int, a_slot: int, a_at: int, c_slot: int, c_at: int) -> ms.Step:
+        rows = (0, 10) if t == 0 else (5 + 5 * t, 10 + 5 * t)
+        return ms.Step(rows, (0, 4), 0, False, True, True, t, a_slot, c_slot, a_at, c_at)
+
+    steps = [
+        step(0, 1, 0, 0, 0),  # A [100, 140), C [0, 100)
+        step(1, 0, 60, 1, 0),  # A over the first C: its write first; C over the first A: no wait
+        step(2, 0, 0, 1, 20),  # A over the first C again: waited for already; C over part of the second C
+        step(3, 1, 0, 2, 0),  # A over the part of the second C that the third left
+    ]
+    a_wait, c_wait = ms.slot_waits(steps, 100, 10)
+    assert a_wait == [(None, set()), (None, {0}), (None, set()), (None, {1})]
+    assert c_wait == {0: set(), 1: set(), 2: {1}, 3: set()}
+    _slots_safe(steps, ms.Schedule(10, 4, 0, 1, 1, whole_k=True, n=10), 4)
 
 
 @pytest.mark.parametrize(
@@ -114,7 +137,7 @@ def test_every_product_runs_once_and_every_row_is_finished_once(rows, k, panel, 
     # Its blocks at most a quarter of k wide, as _whole_k makes them: two of two panels' rows fit a slot.
     for panels in (1, 2):  # the first phase over one panel's rows or two
         whole = ms.Schedule(
-            panel, max(1, min(kb, k // 4)), 0, bands, 1, first, smallest, whole_k=True, first_panels=panels
+            panel, max(1, min(kb, k // 4)), 0, bands, 1, first, smallest, whole_k=True, first_panels=panels, n=k
         )
         _cover(rows, k, whole)
 
@@ -140,9 +163,18 @@ def test_b_stays_whole_where_it_fits_beside_four_panels_and_all_of_c_does_not():
     ]
     # The next panel's A is read as soon as the first phase's reads are done: it waits for
     # no product (the first phase's blocks of A take the halves of another slot).
-    a_wait, _ = ms.slot_waits(steps)
-    assert a_wait[len(first)] == (None, None) and {st.a_slot for st in first} == {3}
-    _slots_safe(steps, s.panel_rows, 32768)
+    size = s.panel_rows * 32768
+    a_wait, c_wait = ms.slot_waits(steps, size, 32768)
+    assert a_wait[len(first)] == (None, set()) and {st.a_slot for st in first} == {3}
+    # No panel's products wait for a write; a panel's A waits for the first phase's first
+    # piece (the second panel), its second (the third), or the C of the panel three before.
+    assert not any(c_wait.values())
+    first_of = {st.panel: t for t, st in reversed(list(enumerate(steps)))}
+    done_of = {st.panel: t for t, st in enumerate(steps) if st.done}
+    pieces = [t for t, st in enumerate(steps) if st.done and st.panel == 0]
+    assert a_wait[first_of[2]][1] == {pieces[0]} and a_wait[first_of[3]][1] == {pieces[1]}
+    assert all(a_wait[first_of[p]][1] == {done_of[p - 3]} for p in range(4, max(first_of) + 1))
+    _slots_safe(steps, s, 32768)
     # Three quarters of the work and more in products over all of k; the last write small.
     whole = sum((st.rows[1] - st.rows[0]) * 32768 for st in steps if st.block == (0, 32768))
     assert whole / 32768**2 > 0.75
@@ -152,7 +184,12 @@ def test_b_stays_whole_where_it_fits_beside_four_panels_and_all_of_c_does_not():
     big = ms.choose(rows=49152, n=49152, k=49152, itemsize=4, budget=16 << 30, verify=True)
     assert big.whole_k and big.panel_rows >= ms.B_HIDDEN_ROWS and big.first_panels == 1
     assert big.steps(49152, 49152)[0].rows == (0, big.panel_rows)
-    _slots_safe(big.steps(49152, 49152), big.panel_rows, 49152)
+    _slots_safe(big.steps(49152, 49152), big, 49152)
+    # C narrower or wider than A: the first phase's C spans part of slot 1, or all of it.
+    for n, k in [(1000, 3000), (3000, 1000), (2000, 3000)]:
+        odd = ms.choose(rows=9000, n=n, k=k, itemsize=4, budget=160_000_000, verify=True)
+        assert odd.whole_k and odd.first_panels == 2
+        _cover(9000, k, odd)
     # Where B cannot stay whole beside four panels of WHOLE_K_ROWS rows: C is kept, or panels of it.
     assert not ms.choose(rows=32768, n=32768, k=32768, itemsize=4, budget=5 << 30, verify=True).whole_k
     # Where all of C fits beside B, C is kept: the products' sums stay on the device.

@@ -23,8 +23,9 @@ of C) in all but a tenth of the budget, and all of C does not (``Schedule.whole_
 stays on the device whole: the first phase multiplies one or two panels' rows by each
 block of B as it is read, enough rows that its products outlast B's read; each later
 panel is one product over all of k (``beta = 0``), its A read while the panel before
-multiplies and its C written while the next one does, the slots taking A and C in turn
-(:func:`slot_waits`); the last panel runs in bands. A product over a block of k reads and
+multiplies and its C written while the next two do: each panel's C goes where the panel
+before read its A, each A where the oldest C was (:func:`slot_waits` says what each
+waits for); the last panel runs in bands. A product over a block of k reads and
 writes its rows of C again: on an H100, 32768³ float32 with all of C kept, in blocks of
 1024 rows, ran its products at 49 TFLOP/s, where products over all of k in panels of
 2816 rows run at 52 (one 32768³ GEMM: 52-53).
@@ -38,7 +39,6 @@ for every device.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import math
@@ -131,6 +131,7 @@ class Step:
     a_slot: int = -1
     c_slot: int = -1
     a_at: int = 0  # B kept whole: where in its slot the block of A starts (elements)
+    c_at: int = 0  # B kept whole: where in its slot the rows of C start (elements)
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ class Schedule:
     # B kept whole on the device: the panels after the first phase are one product over all of k.
     whole_k: bool = False
     first_panels: int = 2  # B kept whole: panels of rows in the first phase (1 or 2)
+    n: int = 0  # B kept whole: columns of C (a slot holds panel_rows rows of max(n, k))
 
     def steps(self, rows: int, k: int) -> list[Step]:
         return steps(rows, k, self)
@@ -202,18 +204,23 @@ def _whole_k_steps(rows: int, k: int, s: Schedule) -> list[Step]:
     """:func:`steps` where B stays on the device whole (``s.whole_k``), in ``SLOTS``
     buffers of ``s.panel_rows`` rows each.
 
-    The first phase multiplies ``s.first_panels`` panels' rows (C in slots 0 and 1) by
-    each block of B as it is read (the first block in pieces), so its products outlast
-    B's read (see ``B_HIDDEN_ROWS``); its last block runs a panel at a time, so the first
-    one's write starts while the second multiplies. Its blocks of A take the two halves
-    of slot 3 in turn (a block is at most ``2 h`` rows by a quarter of a slot's width),
-    so slot 2 is free for the next panel's A, read while the first phase multiplies.
-    Each later panel is one product over all of k (beta = 0), its A in slot 2 and C in
-    slot 3, or 0 and 1, in turn: a panel's A is read while the panel before multiplies,
-    and its C written while the next one does. The last panel runs band by band. B is
-    read once, into one buffer (``b_slot`` 0).
+    The first phase multiplies ``s.first_panels`` panels' rows (C from the start of slot
+    0, into slot 1 for two panels) by each block of B as it is read (the first block in
+    pieces), so its products outlast B's read (see ``B_HIDDEN_ROWS``); its last block
+    runs a panel at a time, so the first one's write starts while the second multiplies.
+    Its blocks of A take the two halves of slot 3 in turn (a block is at most ``2 h``
+    rows by a quarter of a slot's width), so slot 2 is free for the next panel's A, read
+    while the first phase multiplies.
+
+    Each later panel is one product over all of k (beta = 0). Its C goes where the panel
+    before read its A (free once that product has run: no write to wait for), and its A
+    into a slot free from the start or else the one whose C is oldest: from the fourth
+    panel on, a panel's A waits for the C of the panel three before it to be written, so
+    the writes have two panels' products to finish in. The last panel runs band by band.
+    B is read once, into one buffer (``b_slot`` 0).
     """
-    h = s.panel_rows
+    h, n = s.panel_rows, s.n
+    size = h * max(n, k)  # a slot's elements
     blocks = split_by_size(k, s.block_rows)
     head = first_pieces(blocks[0], s.first_rows) + blocks[1:] if s.first_rows else blocks
     first = min(rows, s.first_panels * h)
@@ -226,45 +233,73 @@ def _whole_k_steps(rows: int, k: int, s: Schedule) -> list[Step]:
     width = head[-1][1] - head[-1][0]
     for i, (b0, b1) in enumerate(split_by_size(first, h)):  # the last block, a panel at a time
         at = a_at(len(out), b0, width)
-        out.append(Step((b0, b1), head[-1], 0, i == 0, len(head) == 1, True, 0, 3, 0, at))
+        out.append(Step((b0, b1), head[-1], 0, i == 0, len(head) == 1, True, 0, 3, 0, at, b0 * n))
+    oldest_c = list(range(-(-first * n // size)))  # slots holding C not yet taken again, oldest first
+    free = [slot for slot in range(SLOTS - 1) if slot not in oldest_c]
+    last_a = 3
     for p, (p0, p1) in enumerate(split_by_size(rows - first, h), start=1):
         p0, p1 = first + p0, first + p1
         bands = band_bounds(p1 - p0, s.bands, s.smallest_band) if p1 == rows else [(0, p1 - p0)]
-        a_slot, c_slot = (2, 3) if p % 2 else (0, 1)
-        out += [Step((p0 + b0, p0 + b1), (0, k), 0, False, True, True, p, a_slot, c_slot, b0 * k) for b0, b1 in bands]
+        c_slot, a_slot = last_a, free.pop(0) if free else oldest_c.pop(0)
+        out += [
+            Step((p0 + b0, p0 + b1), (0, k), 0, False, True, True, p, a_slot, c_slot, b0 * k, b0 * n)
+            for b0, b1 in bands
+        ]
+        oldest_c.append(c_slot)
+        last_a = a_slot
     return out
 
 
-def c_slots_of(st: Step) -> tuple[int, ...]:
-    """The slots a step's C is in where B stays whole: the first phase's spans two."""
-    return (0, 1) if st.panel == 0 else (st.c_slot,)
+def a_region(st: Step, size: int) -> tuple[int, int]:
+    """Where a step's block of A lies, slot ``i`` being elements ``[i size, (i + 1) size)``
+    (slots 0 and 1 are one piece of memory: the first phase's C spans them)."""
+    lo = st.a_slot * size + st.a_at
+    return lo, lo + (st.rows[1] - st.rows[0]) * (st.block[1] - st.block[0])
 
 
-def slot_waits(steps: list[Step]) -> tuple[list[tuple[int | None, int | None]], dict[int, int | None]]:
-    """What must be done before a slot is filled again, where B stays whole.
+def c_region(st: Step, size: int, n: int) -> tuple[int, int]:
+    """Where a step's rows of C lie (see :func:`a_region`)."""
+    lo = st.c_slot * size + st.c_at
+    return lo, lo + (st.rows[1] - st.rows[0]) * n
 
-    For each step: what was last in the part of the slot its block of A is read into,
-    the step whose product read it as A or the panel whose C was there (all of it written
-    first). For each panel: the panel whose C was last in its C slot, if a C was the last
-    thing there. A product that read a slot as A needs no wait before a panel's C goes
-    there: the products run in order on one stream. What was in a slot before the last
-    thing needs no wait either: the last thing's own load or products waited for it.
+
+def slot_waits(steps: list[Step], size: int, n: int) -> tuple[list[tuple[int | None, set[int]]], dict[int, set[int]]]:
+    """What must be done before the slots take something new, where B stays whole
+    (``size``: a slot's elements; ``n``: C's columns). A piece of C is named by the step
+    that finishes it (``done``): its write follows that step's product.
+
+    For each step, before its block of A is read: the last product that read an
+    overlapping block of A, and the pieces of C in that part of the slots (written
+    first). For each panel, before its first product: the pieces of earlier panels' C
+    where its C goes. A product that read a block of A needs no wait before a panel's C
+    goes there: the products run in order on one stream. Nothing is waited for twice:
+    the loader reads in order, and the task's thread has a step's A before its product;
+    nor is what lay wholly under a later block of A or panel of C (that one waited for it).
     """
-    # slot -> what was in it, in order: (lo, hi, "a", step) or (0, inf, "c", panel)
-    held: dict[int, list[tuple[int, float, str, int]]] = collections.defaultdict(list)
-    a_wait: list[tuple[int | None, int | None]] = []
-    c_wait: dict[int, int | None] = {}
+    held: list[tuple[int, int, str, int]] = []  # (lo, hi, "a", step) or (lo, hi, "c", piece), oldest first
+    a_wait: list[tuple[int | None, set[int]]] = []
+    c_wait: dict[int, set[int]] = {}
+    ran, written = -1, set[int]()  # what the loader has waited for so far
+
+    def under(lo: int, hi: int) -> list[tuple[int, int, str, int]]:
+        return [u for u in held if u[0] < hi and lo < u[1]]
+
+    def cover(lo: int, hi: int, *new: tuple[int, int, str, int]) -> None:
+        held[:] = [u for u in held if not (lo <= u[0] and u[1] <= hi)] + list(new)
+
     for t, st in enumerate(steps):
+        lo, hi = a_region(st, size)
+        there = under(lo, hi)
+        need = {who for _, _, kind, who in there if kind == "c"} - written
+        reader = max((who for _, _, kind, who in there if kind == "a"), default=-1)
+        a_wait.append((reader if reader > max([ran, *need]) else None, need))  # a piece written: its product ran
+        ran, written = max([ran, reader, *need]), written | need
+        cover(lo, hi, (lo, hi, "a", t))
         if st.panel not in c_wait:
-            last = [held[c][-1] for c in c_slots_of(st) if held[c]]
-            c_wait[st.panel] = next((who for _, _, kind, who in last if kind == "c"), None)
-            for c in c_slots_of(st):
-                held[c].append((0, math.inf, "c", st.panel))
-        lo, hi = st.a_at, st.a_at + (st.rows[1] - st.rows[0]) * (st.block[1] - st.block[0])
-        there = (u for u in reversed(held[st.a_slot]) if u[0] < hi and lo < u[1])
-        _, _, kind, who = next(there, (0, 0, "", -1))
-        a_wait.append((who if kind == "a" else None, who if kind == "c" else None))
-        held[st.a_slot].append((lo, hi, "a", t))
+            mine = [(i, *c_region(u, size, n)) for i, u in enumerate(steps) if u.panel == st.panel]
+            lo, hi = min(r[1] for r in mine), max(r[2] for r in mine)
+            c_wait[st.panel] = {who for _, _, kind, who in under(lo, hi) if kind == "c"} - written
+            cover(lo, hi, *((r0, r1, "c", i) for i, r0, r1 in mine if steps[i].done))
     return a_wait, c_wait
 
 
@@ -337,7 +372,7 @@ def _whole_k(rows: int, n: int, k: int, itemsize: int, budget: int, verify: bool
     kb = max(1, min(BLOCK_ROWS, k, max(n, k) // 4))  # two blocks of two panels' rows fit a slot
     first_panels = 1 if h * 4 >= B_HIDDEN_ROWS * itemsize else 2
     return Schedule(
-        h, kb, 0, WHOLE_K_BANDS, 1, min(FIRST_ROWS, kb), MIN_BAND_ROWS, whole_k=True, first_panels=first_panels
+        h, kb, 0, WHOLE_K_BANDS, 1, min(FIRST_ROWS, kb), MIN_BAND_ROWS, whole_k=True, first_panels=first_panels, n=n
     )
 
 
@@ -542,9 +577,13 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
     for st in plan_steps:
         lo, hi = panel_rows_of.get(st.panel, st.rows)
         panel_rows_of[st.panel] = (min(lo, st.rows[0]), max(hi, st.rows[1]))
-    a_wait, c_wait = slot_waits(plan_steps) if s.whole_k else ([], {})
-    pieces = collections.Counter(st.panel for st in plan_steps if st.done)  # C's writes per panel
-    last_step = {st.panel: t for t, st in enumerate(plan_steps)}
+    if s.whole_k:
+        a_wait, c_wait = slot_waits(plan_steps, slot_size, n)
+    else:  # one C buffer: a panel's products wait for every piece of the panel before written
+        a_wait, c_wait = [], {st.panel + 1: set() for st in plan_steps}
+        for t, st in enumerate(plan_steps):
+            if st.done:
+                c_wait[st.panel + 1].add(t)
 
     def a_view(t: int) -> Any:  # C-contiguous, whatever the block's width
         st = plan_steps[t]
@@ -569,7 +608,7 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
     used: list[Any] = [None] * len(plan_steps)  # event after step t's products
     used_set, ready = _Flags(len(plan_steps), failed), _Flags(len(plan_steps), failed)
     b_last: dict[int, int] = {}  # B buffer -> the last step so far that multiplies it
-    written_pieces: dict[int, int] = {}  # panel -> its pieces of C written
+    written_pieces: set[int] = set()  # the steps whose piece of C is written (see slot_waits)
     written = threading.Condition()
 
     def after(t: int) -> None:
@@ -582,12 +621,11 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
         st = plan_steps[t]
         (a0, a1), (k0, k1) = st.rows, st.block
         start = time.perf_counter()
-        if s.whole_k:  # the slot's last users: a product reading A, or a panel's C to write
-            reader, panel = a_wait[t]
+        if s.whole_k:  # the slot's last users: a product reading A, pieces of C to write
+            reader, pieces = a_wait[t]
             if reader is not None:
                 after(reader)
-            if panel is not None:
-                wait_free(panel)
+            wait_written(pieces)
         elif t >= 2:
             after(t - 2)  # this A buffer's last step
         if a_rows is not None:
@@ -634,19 +672,19 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
             write(rws, base, c)
         finally:
             with written:
-                panel = plan_steps[t].panel
-                written_pieces[panel] = written_pieces.get(panel, 0) + 1
+                written_pieces.add(t)
                 written.notify_all()
 
-    def wait_free(panel: int) -> None:
-        """Wait until ``panel``'s C is no longer needed: every piece of it written (its
-        products run, where nothing is written); a failure, which ends the writes, ends
-        the wait."""
+    def wait_written(pieces: set[int]) -> None:
+        """Wait until these pieces of C (named by the steps that finish them) are no longer
+        needed: written (their products run, where nothing is written); a failure, which
+        ends the writes, ends the wait."""
         if writers is None:
-            after(last_step[panel])
+            if pieces:
+                after(max(pieces))
             return
         with written:
-            while written_pieces.get(panel, 0) < pieces[panel] and not failed:
+            while not pieces <= written_pieces and not failed:
                 written.wait(0.2)
         if failed:
             raise failed[0]
@@ -674,11 +712,10 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
                     load(t)
                 inputs_s, waited = time.perf_counter() - waited, time.perf_counter()
                 (a0, a1), (k0, k1) = st.rows, st.block
-                if st.panel != panel:  # a new panel: its C buffer's last panel must be written
+                if st.panel != panel:  # a new panel: the pieces of C where its C goes must be written
                     panel = st.panel
-                    before = c_wait.get(panel) if s.whole_k else panel - 1 if panel else None
-                    if before is not None and writers is not None:  # else the stream orders them
-                        wait_free(before)
+                    if writers is not None:  # else the stream orders them
+                        wait_written(c_wait.get(panel, set()))
                     base, c = c_view(panel, st)
                 waits.append((inputs_s, time.perf_counter() - waited))
                 if t == 0:
