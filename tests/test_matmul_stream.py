@@ -162,10 +162,12 @@ def test_b_stays_whole_where_it_fits_beside_four_panels_and_all_of_c_does_not():
         (s.panel_rows, 2 * s.panel_rows),
     ]
     # The next panel's A is read as soon as the first phase's reads are done: it waits for
-    # no product (the first phase's blocks of A take the halves of another slot).
+    # no product (the first phase's blocks of A take another slot, eight at once there),
+    # nor do those reads wait for more than the product eight steps before.
     size = s.panel_rows * 32768
     a_wait, c_wait = ms.slot_waits(steps, size, 32768)
     assert a_wait[len(first)] == (None, set()) and {st.a_slot for st in first} == {3}
+    assert [a_wait[t][0] for t in range(len(first))] == [None] * 8 + list(range(len(first) - 8))
     # No panel's products wait for a write; a panel's A waits for the first phase's first
     # piece (the second panel), its second (the third), or the C of the panel three before.
     assert not any(c_wait.values())
@@ -185,6 +187,14 @@ def test_b_stays_whole_where_it_fits_beside_four_panels_and_all_of_c_does_not():
     assert big.whole_k and big.panel_rows >= ms.B_HIDDEN_ROWS and big.first_panels == 1
     assert big.steps(49152, 49152)[0].rows == (0, big.panel_rows)
     _slots_safe(big.steps(49152, 49152), big, 49152)
+    # Every block of A the first phase reads fits beside the others (each of the first
+    # block's pieces takes a block's room): its reads wait only for the pieces' products.
+    big_steps = big.steps(49152, 49152)
+    big_wait, _ = ms.slot_waits(big_steps, big.panel_rows * 49152, 49152)
+    pieces = len(ms.first_pieces((0, big.block_rows), big.first_rows))
+    assert [w for w, st in zip(big_wait, big_steps, strict=True) if st.panel <= 1 and w != (None, set())] == [
+        (t, set()) for t in range(pieces - 1)
+    ]
     # C narrower or wider than A: the first phase's C spans part of slot 1, or all of it.
     for n, k in [(1000, 3000), (3000, 1000), (2000, 3000)]:
         odd = ms.choose(rows=9000, n=n, k=k, itemsize=4, budget=160_000_000, verify=True)

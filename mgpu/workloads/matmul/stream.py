@@ -210,9 +210,10 @@ def _whole_k_steps(rows: int, k: int, s: Schedule) -> list[Step]:
     0, into slot 1 for two panels) by each block of B as it is read (the first block in
     pieces), so its products outlast B's read (see ``B_HIDDEN_ROWS``); its last block
     runs a panel at a time, so the first one's write starts while the second multiplies.
-    Its blocks of A take the two halves of slot 3 in turn (a block is at most ``2 h``
-    rows by a quarter of a slot's width), so slot 2 is free for the next panel's A, read
-    while the first phase multiplies.
+    Its blocks of A take slot 3 in turn, as many at once as fit (at least two: a block is
+    at most ``2 h`` rows by a quarter of a slot's width), so the loader reads ahead as far
+    as that lets it, and slot 2 is free for the next panel's A, read while the first
+    phase multiplies.
 
     Each later panel is one product over all of k (beta = 0). Its C goes where the panel
     before read its A (free once that product has run: no write to wait for), and its A
@@ -226,10 +227,11 @@ def _whole_k_steps(rows: int, k: int, s: Schedule) -> list[Step]:
     blocks = split_by_size(k, s.block_rows)
     head = first_pieces(blocks[0], s.first_rows) + blocks[1:] if s.first_rows else blocks
     first = min(rows, s.first_panels * h)
-    half = first * s.block_rows  # the first phase's blocks of A: two of them in slot 3
+    block = first * s.block_rows  # the first phase's blocks of A: as many as fit in slot 3, in turn
+    buffers = size // block
 
     def a_at(i: int, row: int, width: int) -> int:
-        return i % 2 * half + row * width
+        return i % buffers * block + row * width
 
     out = [Step((0, first), blk, 0, True, i == 0, False, 0, 3, 0, a_at(i, 0, 0)) for i, blk in enumerate(head[:-1])]
     width = head[-1][1] - head[-1][0]
