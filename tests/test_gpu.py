@@ -660,6 +660,25 @@ def test_streamed_matmul_keeping_b_whole_on_one_gpu(tmp_path, k, n, limit):
     assert 0 <= t.idle_inputs_s + t.idle_writes_s + t.checks_s <= t.idle_s + 1e-3
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_product_into_views_of_larger_arrays_equals_cupys(dtype):
+    import cupy as cp
+
+    rng = cp.random.default_rng(5)
+    a, b = rng.standard_normal((300, 900)).astype(dtype), rng.standard_normal((700, 650)).astype(dtype)
+    c = cp.full((400, 800), cp.nan, dtype=dtype)
+    av, bv, cv = a[10:290, 100:700], b[50:650, 20:620], c[30:310, 90:690]  # rows contiguous, strides larger
+    kernels.gemm_into(cp, av, bv, cv)
+    ref = cp.matmul(cp.ascontiguousarray(av), cp.ascontiguousarray(bv))
+    tol = 1e-12 if dtype == "float64" else 1e-4
+    cp.testing.assert_allclose(cv, ref, rtol=tol, atol=tol * float(cp.abs(ref).max()))
+    kernels.gemm_into(cp, av, bv, cv, accumulate=True)
+    cp.testing.assert_allclose(cv, 2 * ref, rtol=tol, atol=2 * tol * float(cp.abs(ref).max()))
+    assert bool(cp.isnan(c[:30]).all()) and bool(cp.isnan(c[:, 690:]).all())  # nothing outside the view
+    with pytest.raises(ValueError, match="contiguous rows"):
+        kernels.gemm_into(cp, av[:, ::2], bv[:300], cv[:, :300])
+
+
 @pytest.mark.parametrize("method", ["pwrite", "mmap"])
 def test_streamed_matmul_writes_c_by_either_method_on_one_gpu(tmp_path, method):
     import dask.config

@@ -421,6 +421,31 @@ def test_streamed_random_inputs_match_numpy(tmp_path, scheduler):
     assert data["verify"]["passed"] is True
 
 
+def test_a_float64_product_goes_in_cubes_that_add_up_to_the_whole(monkeypatch):
+    from mgpu.workloads.matmul import overlap
+
+    monkeypatch.setattr(overlap, "CUBE", 16)
+    calls = []
+
+    def gemm_into(xp, a, b, c, *, accumulate):
+        calls.append((a.shape, b.shape, accumulate))
+        c[...] = a @ b + (c if accumulate else 0)
+
+    monkeypatch.setattr(overlap, "gemm_into", gemm_into)
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((40, 70)), rng.standard_normal((70, 50))
+    c = np.full((40, 50), np.nan)  # a first block of k that added to it would leave NaN
+    overlap.product(np, a, b, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-12)
+    assert len(calls) == 3 * 4 and [acc for _, _, acc in calls] == [False, True, True, True] * 3
+    assert sum(bs[1] for _, bs, acc in calls if not acc) == 50 and sum(bs[0] for _, bs, _ in calls[:4]) == 70
+    calls.clear()  # float32, or k or n under two cubes: one call of its own
+    overlap.product(np, a.astype(np.float32), b.astype(np.float32), c.astype(np.float32))
+    overlap.product(np, a[:, :20], b[:20], c)
+    assert calls == []
+    np.testing.assert_allclose(c, a[:, :20] @ b[:20], rtol=1e-12)
+
+
 def test_a_random_tile_runs_in_row_pieces_on_a_gpu_only():
     from mgpu.tiling import Tile
     from mgpu.worker.device import Device, DeviceFacts

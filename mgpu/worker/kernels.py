@@ -18,6 +18,7 @@ __all__ = [
     "RANDOM_LAUNCH",
     "RANDOM_SOURCE",
     "RANDOM_C_TYPES",
+    "gemm_into",
     "is_cupy",
     "matvec_f64",
     "multiprocessors",
@@ -356,3 +357,53 @@ def matvec_f64(xp: Any, m: Any, v: Any) -> Any:
     for i in range(0, m.shape[0], piece):
         out[i : i + piece] = m[i : i + piece].astype(np.float64) @ v
     return out
+
+
+def gemm_into(xp: Any, a: Any, b: Any, c: Any, *, accumulate: bool = False) -> None:
+    """``c = a @ b`` (``c += a @ b`` with ``accumulate``) in place, for 2-D float32 or
+    float64 views whose rows are contiguous, at any row stride.
+
+    On CuPy one cuBLAS call with the views' leading dimensions: ``cupy.cublas.gemm`` copies
+    an operand that is not contiguous as a whole, so a piece of a larger array would be
+    copied first.
+
+    Raises
+    ------
+    ValueError
+        If a view's rows are not contiguous.
+    """
+    if not is_cupy(xp):
+        if accumulate:
+            c += a @ b
+        else:
+            np.matmul(a, b, out=c)
+        return
+    import cupy
+    from cupy_backends.cuda.libs import cublas
+
+    dtype = np.dtype(a.dtype)
+    size = dtype.itemsize
+    if any(x.ndim != 2 or x.dtype != dtype or x.strides[1] != size or x.strides[0] % size for x in (a, b, c)):
+        raise ValueError(f"gemm_into: 2-D {dtype} views with contiguous rows are needed")
+    call = cublas.dgemm if dtype == np.float64 else cublas.sgemm
+    (m, k), n = a.shape, b.shape[1]
+    handle = cupy.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    one, beta = np.array(1.0, dtype), np.array(1.0 if accumulate else 0.0, dtype)
+    # Row-major C = A B is column-major C^T = B^T A^T: B goes first.
+    call(
+        handle,
+        cublas.CUBLAS_OP_N,
+        cublas.CUBLAS_OP_N,
+        n,
+        m,
+        k,
+        one.ctypes.data,
+        b.data.ptr,
+        b.strides[0] // size,
+        a.data.ptr,
+        a.strides[0] // size,
+        beta.ctypes.data,
+        c.data.ptr,
+        c.strides[0] // size,
+    )
