@@ -607,12 +607,10 @@ def test_distributed_matmul_from_files_writes_the_product_and_counts_pcie(tmp_pa
     assert all(w.h2d_gbps and w.d2h_gbps for w in result.per_worker)
 
 
-@pytest.mark.parametrize("limit", ["1GB", "50MB"])  # all of C kept; panels of it (C alone is 25 MB)
-def test_streamed_matmul_from_files_on_one_gpu(tmp_path, limit):
-    from mgpu.workloads.matmul import stream as matmul_stream
-
-    m, k, n = 3000, 5000, 2100  # k in 3 blocks of B: the last blocks are finished band by band
-    a, b, _ = npy_operands(tmp_path, m, k, n, seed=6, dtype=np.float32)
+def _streamed_from_files(tmp_path, m, k, n, *, seed, limit):
+    """A streamed float32 matmul of .npy files into an .npy C on GPU 0 under ``limit``: its
+    result, once C is checked against NumPy's product in float64."""
+    a, b, _ = npy_operands(tmp_path, m, k, n, seed=seed, dtype=np.float32)
     out = tmp_path / "c.npy"
     params = {
         "input": {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")},
@@ -623,6 +621,15 @@ def test_streamed_matmul_from_files_on_one_gpu(tmp_path, limit):
     assert result.status == "ok" and result.verify.passed
     ref = a.astype(np.float64) @ b.astype(np.float64)
     assert np.abs(np.load(out) - ref).max() <= 1e-4 * np.abs(ref).max()
+    return result
+
+
+@pytest.mark.parametrize("limit", ["1GB", "50MB"])  # all of C kept; panels of it (C alone is 25 MB)
+def test_streamed_matmul_from_files_on_one_gpu(tmp_path, limit):
+    from mgpu.workloads.matmul import stream as matmul_stream
+
+    m, k, n = 3000, 5000, 2100  # k in 3 blocks of B: the last blocks are finished band by band
+    result = _streamed_from_files(tmp_path, m, k, n, seed=6, limit=limit)
     # What crossed PCIe is what the plan said: A and C once, B once per panel less what stayed.
     assert result.pcie.bytes == result.pcie.naive_bytes >= result.pcie.budget_minimum_bytes
     panels = -(-m // result.plan["tile_shape"]["m"])
@@ -642,18 +649,8 @@ def test_streamed_matmul_from_files_on_one_gpu(tmp_path, limit):
 @pytest.mark.parametrize("k,n,limit", [(2000, 2000, "100MB"), (3000, 1000, "160MB")])
 def test_streamed_matmul_keeping_b_whole_on_one_gpu(tmp_path, k, n, limit):
     m = 9000  # B (12-16 MB) whole beside four panels of 2250 rows: the first phase, two panels, bands
-    a, b, _ = npy_operands(tmp_path, m, k, n, seed=8, dtype=np.float32)
-    out = tmp_path / "c.npy"
-    params = {
-        "input": {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")},
-        "output": str(out),
-        "operands": "streamed",
-    }
-    result = run_job(validate_job(_job("matmul", params, devices=[0], memory_limit=limit)))
-    assert result.status == "ok" and result.verify.passed
+    result = _streamed_from_files(tmp_path, m, k, n, seed=8, limit=limit)
     assert result.plan["tile_shape"]["k"] == k and result.plan["tile_shape"]["m"] < m // 2
-    ref = a.astype(np.float64) @ b.astype(np.float64)
-    assert np.abs(np.load(out) - ref).max() <= 1e-4 * np.abs(ref).max()
     assert result.pcie.bytes == result.pcie.minimum_bytes == 4 * (m * k + k * n + m * n)
     (t,) = result.timeline
     assert t.blocks_tflops > 0 and t.whole_k_tflops > 0
@@ -683,19 +680,8 @@ def test_a_product_into_views_of_larger_arrays_equals_cupys(dtype):
 def test_streamed_matmul_writes_c_by_either_method_on_one_gpu(tmp_path, method):
     import dask.config
 
-    m, k, n = 2500, 4500, 1800
-    a, b, _ = npy_operands(tmp_path, m, k, n, seed=7, dtype=np.float32)
-    out = tmp_path / "c.npy"
-    params = {
-        "input": {"a": str(tmp_path / "a.npy"), "b": str(tmp_path / "b.npy")},
-        "output": str(out),
-        "operands": "streamed",
-    }
     with dask.config.set({"mgpu.io.write": method, "mgpu.io.writers": 3}):
-        result = run_job(validate_job(_job("matmul", params, devices=[0], memory_limit="1GB")))
-    assert result.status == "ok" and result.verify.passed
-    ref = a.astype(np.float64) @ b.astype(np.float64)
-    assert np.abs(np.load(out) - ref).max() <= 1e-4 * np.abs(ref).max()
+        result = _streamed_from_files(tmp_path, 2500, 4500, 1800, seed=7, limit="1GB")
     assert result.pcie.bytes == result.pcie.minimum_bytes
 
 

@@ -710,7 +710,7 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
     loading = threading.Thread(target=loader, daemon=True, name="mgpu-stream-loader") if gpu else None
     # A step's block of B is read by KvikIO on a thread of its own while its block of A comes
     # through the stager: on an H100, the first phase's reads of 32768³ float32 ran at
-    # 25-26 GB/s side by side against 21-23 one after the other, and the GPU waited for
+    # 24.5-26 GB/s side by side against 21-23 one after the other, and the GPU waited for
     # them 4-10 ms in all against 18-21.
     b_reader = (
         ThreadPoolExecutor(1, thread_name_prefix="mgpu-stream-b") if gpu and isinstance(src_b, NpySource) else None
