@@ -35,7 +35,7 @@ __all__ = ["applies", "on_tensor_cores", "pieces_of", "product", "run"]
 PIECES = 4  # row pieces of a tile's product, at most
 # No piece smaller: on one H100, each after 0.3 s of the same products, TF32 products of
 # 8192 x 32768 by 32768 ran at 337 TFLOP/s, 16384 x 32768 by 32768 at 376 and 32768³ at
-# 344 (the ceiling's 16384³ at 388); float64 at 51.1-52.8 whatever the shape.
+# 344 (the ceiling's 16384³ at 388); float64 at 51.1-52.8 whatever the rows (see CUBE).
 MIN_PIECE_ROWS = 16384
 CUBE = 16384  # a float64 piece's products: k and n in blocks of about this size
 
