@@ -7,6 +7,7 @@ import contextlib
 import os
 import pickle
 import sys
+import threading
 from collections import Counter
 from types import SimpleNamespace
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import invoke, submit_json, write_job
 
+from mgpu import paths
 from mgpu.worker import stores
 from mgpu.worker.device import Device, DeviceFacts
 from mgpu.worker.stores import ZarrSink, ZarrSource, chunk_pieces, inspect_zarr
@@ -168,6 +170,9 @@ def test_force_replaces_an_older_store_whole(tmp_path, scheduler):
     res = invoke("submit", tmp_path / "job.yaml", "--scheduler", scheduler, "-q", "--force")
     assert res.code == 0, res.output
     assert zarr.open_array(str(out), mode="r").shape == (12, 10)
+    for thread in threading.enumerate():  # the older store goes on a thread of its own (mgpu.paths.publish)
+        if thread.name == paths.REPLACED_THREAD:
+            thread.join()
     assert sorted(os.listdir(tmp_path)) == ["c.zarr", "job.yaml"]
 
 
