@@ -33,6 +33,7 @@ __all__ = [
     "split",
     "split_by_cost",
     "split_by_prefix",
+    "split_aligned",
     "split_by_size",
 ]
 
@@ -116,6 +117,28 @@ def split(n: int, parts: int) -> list[tuple[int, int]]:
 def split_by_size(n: int, size: int) -> list[tuple[int, int]]:
     """Split ``range(n)`` into pieces of at most ``size``, as equal as they can be."""
     return split(n, math.ceil(n / max(1, size)))
+
+
+def split_aligned(n: int, size: int, quantum: int) -> list[tuple[int, int]]:
+    """Split ``range(n)`` into the fewest pieces of at most ``size``, each a whole number of
+    ``quantum`` but the last (the rest of ``n``), the whole ones as equal as they can be:
+    a product over a piece of rows then ends in no partial tile of its kernel but in the
+    last. With ``size`` under a quantum, as :func:`split_by_size`."""
+    if n <= 0:
+        return []
+    if quantum <= 1 or size < quantum:
+        return split_by_size(n, size)
+    most = size // quantum  # whole quanta a piece holds
+    parts = math.ceil(n / size)
+    while (parts - 1) * most * quantum + size < n:
+        parts += 1
+    if parts == 1:
+        return [(0, n)]
+    # Quanta before the last piece: about its share, few enough that the last fits in
+    # ``size``, and not all of n (the last is not empty).
+    low, high = math.ceil((n - size) / quantum), min((parts - 1) * most, (n - 1) // quantum)
+    units = min(max(round(n * (parts - 1) / parts / quantum), low), high)
+    return [(a * quantum, b * quantum) for a, b in split(units, parts - 1)] + [(units * quantum, n)]
 
 
 def split_by_cost(costs: Sequence[float], parts: int, max_size: int) -> list[tuple[int, int]]:

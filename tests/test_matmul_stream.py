@@ -177,6 +177,8 @@ def test_b_stays_whole_where_it_fits_beside_four_panels_and_all_of_c_does_not():
     assert a_wait[first_of[2]][1] == {pieces[0]} and a_wait[first_of[3]][1] == {pieces[1]}
     assert all(a_wait[first_of[p]][1] == {done_of[p - 3]} for p in range(4, max(first_of) + 1))
     _slots_safe(steps, s, 32768)
+    # No product ends in part of a kernel's tile: every one's rows a multiple of 128.
+    assert {(st.rows[1] - st.rows[0]) % ms.PANEL_QUANTUM for st in steps} == {0}
     # Three quarters of the work and more in products over all of k; the last write small.
     whole = sum((st.rows[1] - st.rows[0]) * 32768 for st in steps if st.block == (0, 32768))
     assert whole / 32768**2 > 0.75
@@ -187,9 +189,12 @@ def test_b_stays_whole_where_it_fits_beside_four_panels_and_all_of_c_does_not():
     assert big.whole_k and big.panel_rows >= ms.B_HIDDEN_ROWS and big.first_panels == 1
     assert big.steps(49152, 49152)[0].rows == (0, big.panel_rows)
     _slots_safe(big.steps(49152, 49152), big, 49152)
+    # Its panels odd multiples of 128 rows (no two even ones could become odd within the slot).
+    big_steps = big.steps(49152, 49152)
+    panels = [st.rows[1] - st.rows[0] for st in big_steps if 0 < st.panel < big_steps[-1].panel]
+    assert panels and {h // ms.PANEL_QUANTUM % 2 for h in panels} == {1} and max(panels) <= big.panel_rows
     # Every block of A the first phase reads fits beside the others (each of the first
     # block's pieces takes a block's room): its reads wait only for the pieces' products.
-    big_steps = big.steps(49152, 49152)
     big_wait, _ = ms.slot_waits(big_steps, big.panel_rows * 49152, 49152)
     pieces = len(ms.first_pieces((0, big.block_rows), big.first_rows))
     assert [w for w, st in zip(big_wait, big_steps, strict=True) if st.panel <= 1 and w != (None, set())] == [
@@ -222,6 +227,14 @@ def test_the_first_product_waits_for_a_small_read_and_the_last_write_is_small(mo
     # The bands' products, which hide the writes of all bands but the last, are 40% of all.
     banded = sum((st.rows[1] - st.rows[0]) * (st.block[1] - st.block[0]) for st in steps if st.rows != (0, 32768))
     assert banded / 32768**2 == s.final_blocks * s.block_rows / 32768 > 0.4
+
+
+def test_bands_are_whole_smallests_but_one_and_the_last_ones_halve_down_to_it():
+    sizes = lambda rows, bands: [hi - lo for lo, hi in ms.band_bounds(rows, bands, 256)]  # noqa: E731
+    assert sizes(2816, 4) == [512, 768, 768, 512, 256]
+    assert sizes(2688, 4) == [640, 768, 512, 512, 256]  # the rest (128) in the first band
+    assert sizes(32768, 8) == [4096] * 7 + [2048, 1024, 512, 256, 256]
+    assert sizes(700, 4) == [175, 175, 175, 175]  # too few rows for whole ones: near-equal
 
 
 def test_blocks_stay_for_the_next_panel_and_bands_finish_one_by_one():

@@ -19,6 +19,7 @@ from mgpu.tiling import (
     assign_contiguous,
     check_tiling_keys,
     split,
+    split_aligned,
     split_by_cost,
     split_by_prefix,
     split_by_size,
@@ -68,6 +69,26 @@ def test_split_by_size_respects_the_size_and_uses_fewest_pieces(n, size):
         assert max(sizes) <= size
         assert len(pieces) == math.ceil(n / size)
         assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("n", [0, *AWKWARD, 27136, 41984])
+@pytest.mark.parametrize("size,quantum", [(7, 3), (300, 128), (1000, 128), (2816, 128), (7168, 128), (64, 128)])
+def test_split_aligned_ends_no_piece_but_the_last_in_part_of_a_quantum(n, size, quantum):
+    pieces = split_aligned(n, size, quantum)
+    _check_pieces(pieces, n)
+    if not n:
+        return
+    sizes = [hi - lo for lo, hi in pieces]
+    assert max(sizes) <= size
+    if size < quantum:  # no whole quantum fits: as split_by_size
+        assert pieces == split_by_size(n, size)
+        return
+    assert (
+        all(s % quantum == 0 for s in sizes[:-1]) and max(sizes[:-1], default=0) - min(sizes[:-1], default=0) <= quantum
+    )
+    # The fewest pieces that can: all but the last hold at most size's whole quanta.
+    fewest = next(p for p in itertools.count(1) if (p - 1) * (size // quantum) * quantum + size >= n)
+    assert len(pieces) == fewest
 
 
 # -- split_by_cost ----------------------------------------------------------------------

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import threading
 import time
@@ -53,7 +54,7 @@ import numpy as np
 
 from ...errors import JobInputError
 from ...sizes import format_bytes
-from ...tiling import Plan, Tile, assign_contiguous, split, split_by_size
+from ...tiling import Plan, Tile, assign_contiguous, split, split_aligned, split_by_size
 from ...worker import transfer
 from ...worker.device import Device, DeviceFacts
 from ...worker.kernels import matvec_f64
@@ -81,7 +82,14 @@ __all__ = [
 BLOCK_ROWS = 2048  # rows of B a step (columns of A): the product stays efficient, the buffers small
 FINAL_BLOCKS = 4  # k-blocks kept on the device at a panel's end, so its bands finish one by one
 BANDS = 8  # bands of C finished (and written) one after another at a panel's end
-MIN_BAND_ROWS = 256
+MIN_BAND_ROWS = 256  # bands are multiples of it where there are rows enough (see band_bounds)
+# Panels are multiples of this many rows (all but the last's rest): cuBLAS's float32
+# kernels run tiles of 128 rows of C, and other rows end in a partial tile. On an H100 at
+# 32768³, panels of 2713 rows ran at 50.2-51.8 TFLOP/s, of 2560, 2688 and 2816 at
+# 51.2-54.3; bands of 340 and 678 rows at 44.6-47, of 256, 512 and 768 at 51.1-52.7.
+# Odd multiples where the split allows: at 49152³ cuBLAS 13.1 ran panels of 6784 and
+# 7040 rows at 51.6-51.7, of 6912 and 7168 (multiples of 256) at 49.8-49.9.
+PANEL_QUANTUM = 128
 # The fewest rows a panel over all of k has: shorter products lose the GEMM's rate.
 WHOLE_K_ROWS = 2048
 # Bands of the last panel over all of k: its write, the one no product hides, is small.
@@ -172,7 +180,7 @@ def steps(rows: int, k: int, s: Schedule) -> list[Step]:
         return _whole_k_steps(rows, k, s)
     blocks = split_by_size(k, s.block_rows)
     order: list[tuple[tuple[int, int], tuple[int, int], bool, bool, int]] = []  # rows, block, first, done, panel
-    for p, (p0, p1) in enumerate(split_by_size(rows, s.panel_rows)):
+    for p, (p0, p1) in enumerate(panel_bounds(rows, s.panel_rows)):
         seq = blocks if p % 2 == 0 else blocks[::-1]
         final = min(s.final_blocks, len(seq) - 1)
         head = seq[: len(seq) - final]
@@ -235,13 +243,13 @@ def _whole_k_steps(rows: int, k: int, s: Schedule) -> list[Step]:
 
     out = [Step((0, first), blk, 0, True, i == 0, False, 0, 3, 0, a_at(i, 0, 0)) for i, blk in enumerate(head[:-1])]
     width = head[-1][1] - head[-1][0]
-    for i, (b0, b1) in enumerate(split_by_size(first, h)):  # the last block, a panel at a time
+    for i, (b0, b1) in enumerate(panel_bounds(first, h)):  # the last block, a panel at a time
         at = a_at(len(out), b0, width)
         out.append(Step((b0, b1), head[-1], 0, i == 0, len(head) == 1, True, 0, 3, 0, at, b0 * n))
     oldest_c = list(range(-(-first * n // size)))  # slots holding C not yet taken again, oldest first
     free = [slot for slot in range(SLOTS - 1) if slot not in oldest_c]
     last_a = 3
-    for p, (p0, p1) in enumerate(split_by_size(rows - first, h), start=1):
+    for p, (p0, p1) in enumerate(panel_bounds(rows - first, h), start=1):
         p0, p1 = first + p0, first + p1
         bands = band_bounds(p1 - p0, s.bands, s.smallest_band) if p1 == rows else [(0, p1 - p0)]
         c_slot, a_slot = last_a, free.pop(0) if free else oldest_c.pop(0)
@@ -307,6 +315,20 @@ def slot_waits(steps: list[Step], size: int, n: int) -> tuple[list[tuple[int | N
     return a_wait, c_wait
 
 
+def panel_bounds(rows: int, most: int) -> list[tuple[int, int]]:
+    """``rows`` in the fewest panels of at most ``most`` rows, each a multiple of
+    ``PANEL_QUANTUM`` but the last (:func:`~mgpu.tiling.split_aligned`), and odd multiples
+    where a quantum moved between two even ones keeps both within ``most``."""
+    sizes = [hi - lo for lo, hi in split_aligned(rows, most, PANEL_QUANTUM)]
+    even = [i for i, size in enumerate(sizes) if size % (2 * PANEL_QUANTUM) == 0]
+    for i, j in zip(even[::2], even[1::2], strict=False):
+        if sizes[i] + PANEL_QUANTUM <= most:
+            sizes[i] += PANEL_QUANTUM
+            sizes[j] -= PANEL_QUANTUM
+    ends = list(itertools.accumulate(sizes))
+    return [(end - size, end) for size, end in zip(sizes, ends, strict=True)]
+
+
 def first_pieces(block: tuple[int, int], first: int) -> list[tuple[int, int]]:
     """``block`` cut into pieces of ``first`` rows, ``first``, ``2 first``, ``4 first``, ...
     (the last one what is left): each piece is read while the one before multiplies."""
@@ -324,10 +346,18 @@ def band_bounds(rows: int, bands: int, smallest: int) -> list[tuple[int, int]]:
     ``smallest`` rows (none with ``smallest`` 0): the write of the last one, which no
     product hides, is of a small band. The first band stays whole: its steps read the
     final blocks of B for the first time, and a whole band's products hide those reads.
+    Where there are rows enough, every band is a multiple of ``smallest`` but the first
+    (it takes the rest): see ``PANEL_QUANTUM``.
 
-    With 32768 rows, 8 bands and 256: seven bands of 4096, and 2048, 1024, 512, 256, 256.
+    With 32768 rows, 8 bands and 256: seven bands of 4096, and 2048, 1024, 512, 256, 256;
+    with 2816 rows, 4 bands and 256: 512, 768, 768, and 512, 256.
     """
-    sizes = [hi - lo for lo, hi in split(rows, min(bands, rows))]
+    if smallest and rows >= bands * smallest:
+        units, rest = divmod(rows, smallest)
+        sizes = [(hi - lo) * smallest for lo, hi in split(units, bands)]
+        sizes[0] += rest  # the first band stays whole, so the halves are whole smallests
+    else:
+        sizes = [hi - lo for lo, hi in split(rows, min(bands, rows))]
     if smallest and len(sizes) >= 2:
         sizes = sizes[:-1] + _halves(sizes[-1], smallest)
     out, at = [], 0
@@ -338,11 +368,13 @@ def band_bounds(rows: int, bands: int, smallest: int) -> list[tuple[int, int]]:
 
 
 def _halves(size: int, smallest: int) -> list[int]:
-    """``size`` as ``size/2, size/4, ...`` down to at least ``smallest``, the rest last."""
+    """``size`` as about ``size/2, size/4, ...`` down to at least ``smallest``, the rest
+    last; each after the first a multiple of ``smallest``."""
     out = []
     while size >= 2 * smallest:
-        out.append(size - size // 2)
-        size -= out[-1]
+        half = size // 2 // smallest * smallest
+        out.append(size - half)
+        size = half
     return [*out, size] if size else out
 
 
