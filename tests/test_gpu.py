@@ -103,7 +103,7 @@ def test_dot_kernel_accumulates_in_float64(dtype, n, offset):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-@pytest.mark.parametrize("rows,cols", [(1, 1), (5, 4099), (3001, 517), (64, 1 << 17)])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (5, 4099), (3001, 517), (7, 4104), (64, 1 << 17)])
 def test_matvec_f64_kernel_matches_numpy(dtype, rows, cols):
     rng = np.random.default_rng(rows * cols)
     m = rng.standard_normal((rows, cols)).astype(dtype)
@@ -111,6 +111,10 @@ def test_matvec_f64_kernel_matches_numpy(dtype, rows, cols):
     want = m.astype(np.float64) @ v
     got = cupy.asnumpy(kernels.matvec_f64(cupy, cupy.asarray(m), cupy.asarray(v)))
     scale = np.abs(m.astype(np.float64)) @ np.abs(v)
+    assert (np.abs(got - want) <= 1e-13 * scale + 1e-300).all()
+    # Rows that start off a 16-byte boundary are read an element at a time.
+    flat = cupy.asarray(np.concatenate([m.reshape(-1)[:1], m.reshape(-1)]))[1:]
+    got = cupy.asnumpy(kernels.matvec_f64(cupy, flat.reshape(rows, cols), cupy.asarray(v)))
     assert (np.abs(got - want) <= 1e-13 * scale + 1e-300).all()
     # A strided view is read correctly too (made contiguous first).
     view = cupy.asarray(m)[:, ::2]
