@@ -155,7 +155,9 @@ def test_b_stays_whole_where_it_fits_beside_four_panels_and_all_of_c_does_not():
     assert widths == [256, 256, 512, 1024, 2048]  # the first block in pieces, each read while the last multiplies
     # B read once, in the first phase, whose products cover two panels' rows (they outlast
     # B's read); its last block a panel at a time, the second panel's part read with the first's.
-    assert sum(st.load_b for st in steps) == 16 + 3 and all(st.panel == 0 for st in steps if st.load_b)
+    pieces = len(ms.first_pieces((0, s.block_rows), s.first_rows))
+    assert sum(st.load_b for st in steps) == 32768 // s.block_rows - 1 + pieces
+    assert all(st.panel == 0 for st in steps if st.load_b)
     first = [st for st in steps if st.panel == 0]
     assert first[0].rows == (0, 2 * s.panel_rows) and [st.rows for st in first[-2:]] == [
         (0, s.panel_rows),
@@ -167,7 +169,8 @@ def test_b_stays_whole_where_it_fits_beside_four_panels_and_all_of_c_does_not():
     size = s.panel_rows * 32768
     a_wait, c_wait = ms.slot_waits(steps, size, 32768)
     assert a_wait[len(first)] == (None, set()) and {st.a_slot for st in first} == {3}
-    assert [a_wait[t][0] for t in range(len(first))] == [None] * 8 + list(range(len(first) - 8))
+    at_once = size // (2 * s.panel_rows * s.block_rows)
+    assert at_once == 8 and [a_wait[t][0] for t in range(len(first))] == [None] * 8 + list(range(len(first) - 8))
     # No panel's products wait for a write; a panel's A waits for the first phase's first
     # piece (the second panel), its second (the third), or the C of the panel three before.
     assert not any(c_wait.values())
@@ -187,6 +190,8 @@ def test_b_stays_whole_where_it_fits_beside_four_panels_and_all_of_c_does_not():
     # Panels tall enough to outlast B's read alone: the first phase is one panel's rows.
     big = ms.choose(rows=49152, n=49152, k=49152, itemsize=4, budget=16 << 30, verify=True)
     assert big.whole_k and big.panel_rows >= ms.B_HIDDEN_ROWS and big.first_panels == 1
+    # Its products outlast B's read twice over: wider blocks of k, which add to C less often.
+    assert s.block_rows == ms.BLOCK_ROWS and big.block_rows == ms.WHOLE_K_BLOCK_ROWS > ms.BLOCK_ROWS
     assert big.steps(49152, 49152)[0].rows == (0, big.panel_rows)
     _slots_safe(big.steps(49152, 49152), big, 49152)
     # Its panels odd multiples of 128 rows (no two even ones could become odd within the slot).

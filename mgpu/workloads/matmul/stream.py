@@ -93,7 +93,18 @@ PANEL_QUANTUM = 128
 # The fewest rows a panel over all of k has: shorter products lose the GEMM's rate.
 WHOLE_K_ROWS = 2048
 # Bands of the last panel over all of k: its write, the one no product hides, is small.
+# The last ones halve down to PANEL_QUANTUM rows: on an H100, bands of 128 rows (32768³
+# float32) ran at 52.0-52.6 TFLOP/s, of 256 at 51.7-52.2, and the last write halves.
 WHOLE_K_BANDS = 4
+# Rows of B a step of the first phase where B stays whole: its products add to the first
+# phase's C, reading and writing all of it again each block. On an H100, 5632 rows by
+# blocks of 2048 rows of 32768 ran at 50.0-50.9 TFLOP/s, of 4096 at 51.8-52.2, of 8192 at
+# 52.4-52.6. Taken where the first phase's products outlast B's read twice over (see
+# _whole_k): at 49152³ (16 GiB) the jobs ran 4.622-4.633 s against 4.644-4.646 with
+# blocks of 2048; at 32768³ (6 GiB; 29 ms of products to 20 ms of B's read a block) the
+# last of the first block's pieces waited for the next block, and the jobs ran
+# 1.374-1.387 s against 1.365-1.384.
+WHOLE_K_BLOCK_ROWS = 4096
 # Buffers of a panel's rows each, beside B kept whole: two panels' A and two panels' C.
 SLOTS = 4
 # Rows of float32 whose products outlast the read of the B they multiply: on an H100, B
@@ -405,10 +416,15 @@ def _whole_k(rows: int, n: int, k: int, itemsize: int, budget: int, verify: bool
     if h < min(WHOLE_K_ROWS, rows) or h >= rows:
         return None
     h = min(h, max(WHOLE_K_ROWS, rows // 4))
-    kb = max(1, min(BLOCK_ROWS, k, max(n, k) // 4))  # two blocks of two panels' rows fit a slot
     first_panels = 1 if h * 4 >= B_HIDDEN_ROWS * itemsize else 2
+    # Wider blocks where the first phase's products outlast B's read twice over: its first
+    # block comes in pieces, each twice the one before, read while that one multiplies.
+    wide = first_panels * h * 4 >= 2 * B_HIDDEN_ROWS * itemsize
+    kb = max(
+        1, min(WHOLE_K_BLOCK_ROWS if wide else BLOCK_ROWS, k, max(n, k) // 4)
+    )  # two blocks of two panels' rows fit a slot
     return Schedule(
-        h, kb, 0, WHOLE_K_BANDS, 1, min(FIRST_ROWS, kb), MIN_BAND_ROWS, whole_k=True, first_panels=first_panels, n=n
+        h, kb, 0, WHOLE_K_BANDS, 1, min(FIRST_ROWS, kb), PANEL_QUANTUM, whole_k=True, first_panels=first_panels, n=n
     )
 
 
