@@ -31,9 +31,9 @@ __all__ = [
     "check_tile_count",
     "check_tiling_keys",
     "split",
+    "split_aligned",
     "split_by_cost",
     "split_by_prefix",
-    "split_aligned",
     "split_by_size",
 ]
 

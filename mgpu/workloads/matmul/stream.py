@@ -82,7 +82,8 @@ __all__ = [
 BLOCK_ROWS = 2048  # rows of B a step (columns of A): the product stays efficient, the buffers small
 FINAL_BLOCKS = 4  # k-blocks kept on the device at a panel's end, so its bands finish one by one
 BANDS = 8  # bands of C finished (and written) one after another at a panel's end
-MIN_BAND_ROWS = 256  # bands are multiples of it where there are rows enough (see band_bounds)
+# The smallest band (PANEL_QUANTUM where B stays whole), and the unit of panels' heights.
+MIN_BAND_ROWS = 256
 # Panels are multiples of this many rows (all but the last's rest): cuBLAS's float32
 # kernels run tiles of 128 rows of C, and other rows end in a partial tile. On an H100 at
 # 32768³, panels of 2713 rows ran at 50.2-51.8 TFLOP/s, of 2560, 2688 and 2816 at
@@ -420,9 +421,8 @@ def _whole_k(rows: int, n: int, k: int, itemsize: int, budget: int, verify: bool
     # Wider blocks where the first phase's products outlast B's read twice over: its first
     # block comes in pieces, each twice the one before, read while that one multiplies.
     wide = first_panels * h * 4 >= 2 * B_HIDDEN_ROWS * itemsize
-    kb = max(
-        1, min(WHOLE_K_BLOCK_ROWS if wide else BLOCK_ROWS, k, max(n, k) // 4)
-    )  # two blocks of two panels' rows fit a slot
+    # At most a quarter of a slot's width: two blocks of two panels' rows fit a slot.
+    kb = max(1, min(WHOLE_K_BLOCK_ROWS if wide else BLOCK_ROWS, k, max(n, k) // 4))
     return Schedule(
         h, kb, 0, WHOLE_K_BANDS, 1, min(FIRST_ROWS, kb), PANEL_QUANTUM, whole_k=True, first_panels=first_panels, n=n
     )
