@@ -96,8 +96,12 @@ def hand_over_command() -> None:
     record = recorded()
     if record is None or not isinstance(record.get("submit"), str):
         return
+    # A Ctrl-Z before _follow's handlers are in would stop this process and not the
+    # command: it waits, blocked, until they are.
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTSTP])
     conn = _connect(record["submit"])
     if conn is None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTSTP])
         return
     _follow(*conn)
 
@@ -144,6 +148,7 @@ def _follow(sock: socket.socket, reader: Any, pid: int) -> NoReturn:
     for sig in _PASSED_ON:
         signal.signal(sig, pass_on)
     signal.signal(signal.SIGTSTP, stop_both)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTSTP])  # see hand_over_command
     try:
         answer = json.loads(reader.readline() or b"{}")
     except (OSError, ValueError):

@@ -155,7 +155,8 @@ def test_ctrl_c_reaches_the_submit_in_the_server(cache, tmp_path):
 
 
 def test_ctrl_z_stops_the_submit_in_the_server_and_fg_continues_it(cache, tmp_path):
-    job = write_job(tmp_path / "m.yaml", {"workload": "mandelbrot", "params": {"width": 2048, "height": 2048}})
+    # Long enough not to end before the Ctrl-Z reaches it on a busy machine.
+    job = write_job(tmp_path / "m.yaml", {"workload": "mandelbrot", "params": {"width": 4096, "height": 4096}})
     said = tmp_path / "stderr.txt"
     cmd = [sys.executable, "-m", "mgpu", "submit", str(job), "--json", str(tmp_path / "r.json")]
     command = _forked_ahead(cache)
@@ -244,3 +245,20 @@ def test_only_a_submit_that_would_join_the_cluster_up_is_handed_over(monkeypatch
     monkeypatch.setattr(sys, "argv", ["mgpu", *argv])
     monkeypatch.setattr(handover, "recorded", lambda: pytest.fail("looked for the cluster"))
     handover.hand_over_command()
+
+
+def test_a_ctrl_z_while_the_submit_is_handed_over_waits_for_the_handlers(monkeypatch):
+    # Until _follow passes Ctrl-Z on, it would stop the caller and leave the command running.
+    monkeypatch.setattr("mgpu.lifetime.is_command", lambda: True)
+    monkeypatch.setattr(sys, "argv", ["mgpu", "submit", "job.yaml"])
+    monkeypatch.setattr(handover, "recorded", lambda: {"submit": "mgpu-test-none"})
+    during: list[set[int]] = []
+
+    def connect(name: str) -> None:
+        during.append(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+        return None  # no server: the command runs itself
+
+    monkeypatch.setattr(handover, "_connect", connect)
+    handover.hand_over_command()
+    assert signal.SIGTSTP in during[0]
+    assert signal.SIGTSTP not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # and after, as before
