@@ -99,11 +99,14 @@ def hand_over_command() -> None:
     # A Ctrl-Z before _follow's handlers are in would stop this process and not the
     # command: it waits, blocked, until they are.
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTSTP])
-    conn = _connect(record["submit"])
-    if conn is None:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTSTP])
-        return
-    _follow(*conn)
+    conn = None
+    try:
+        conn = _connect(record["submit"])
+    finally:
+        if conn is None:  # not handed over (or a failure): Ctrl-Z as before
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTSTP])
+    if conn is not None:
+        _follow(*conn)
 
 
 def _connect(name: str) -> tuple[socket.socket, Any, int] | None:
