@@ -164,15 +164,16 @@ class Recovery(_Section):
 class Ceilings(_Section):
     """``mgpu.ceilings``: how a device's ceilings are measured (:mod:`mgpu.roofline`)."""
 
-    # Seconds of back-to-back kernels on a GPU before a sustained ceiling's samples (the
-    # clocks a long job keeps, not its first milliseconds'); CPUs need none.
-    sustain: float = 0.3
-    samples: int = 3  # timed runs per ceiling, of which the median is kept
+    # Seconds of back-to-back kernels on a GPU before a sustained ceiling is timed over as
+    # long again (the clocks a long job keeps at the power limit, not its first
+    # milliseconds'); CPUs need none.
+    sustain: float = 1.0
+    samples: int = 3  # timed runs of every other ceiling, of which the median is kept
 
     @field_validator("sustain", mode="before")
     @classmethod
     def _sustain(cls, value: Any) -> float:
-        return _length_of_time(value, "0.3s")
+        return _length_of_time(value, "1s")
 
     @field_validator("samples", mode="before")
     @classmethod

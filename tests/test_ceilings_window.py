@@ -1,6 +1,7 @@
 """A sustained ceiling is timed as mgpu.ceilings says: on a GPU its kernel runs back to back
-for ``sustain`` seconds first, then ``samples`` timed runs give the median; a CPU has no
-window. A device whose timer reports what the test says stands for the GPU."""
+for ``sustain`` seconds first, then as many calls again are timed in one block, whose mean
+is the ceiling; with no window (or on a CPU) ``samples`` timed runs give the median. A
+device whose timer reports what the test says stands for the GPU."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ class ScriptedDevice:
     is_gpu: bool
     seconds: list[float]
     calls: int = 0
-    timed: list[int] = field(default_factory=list)  # which calls were timed
+    timed: list[list[int]] = field(default_factory=list)  # the calls each timed block held
     synced_after: list[int] = field(default_factory=list)
 
     def kernel(self) -> None:
@@ -37,47 +38,55 @@ class ScriptedDevice:
         timing = _Timing()
         before = self.calls
         yield timing
-        assert self.calls == before + 1, "one call per timed block"
-        self.timed.append(self.calls)
-        timing.seconds = self.seconds[self.calls - 1]
+        self.timed.append(list(range(before + 1, self.calls + 1)))
+        timing.seconds = sum(self.seconds[before : self.calls])
 
     def synchronize(self) -> None:
         self.synced_after.append(self.calls)
 
 
-# (sustain, samples, calls in the window): the first call takes 0.1 s and is timed to size
-# the window; the rest take 0.05 s, so 0.3 s is that call and two more.
-WINDOWS = [(0.3, 3, 3), (1.0, 5, 10), (0.05, 1, 2)]
+# (sustain, calls in the window): the first call takes 0.1 s and is timed to size the
+# window; the rest take 0.05 s, so 0.3 s is that call and two more.
+WINDOWS = [(0.3, 3), (1.0, 10), (0.05, 2)]
 
 
-@pytest.mark.parametrize("sustain,samples,window_calls", WINDOWS)
-def test_a_gpu_runs_the_kernel_for_the_window_then_times_the_samples(sustain, samples, window_calls):
+@pytest.mark.parametrize("sustain,window_calls", WINDOWS)
+def test_a_gpu_runs_the_kernel_for_the_window_then_times_as_many_calls_again(sustain, window_calls):
     dev = ScriptedDevice(is_gpu=True, seconds=[0.1] + [0.05] * 200)
-    with dask.config.set({"mgpu.ceilings.sustain": f"{sustain}s", "mgpu.ceilings.samples": samples}):
-        median = sustained_seconds(dev, dev.kernel)
-    assert dev.timed[0] == 1  # the first call is timed, to size the window
+    with dask.config.set({"mgpu.ceilings.sustain": f"{sustain}s", "mgpu.ceilings.samples": 7}):
+        mean = sustained_seconds(dev, dev.kernel)
+    assert dev.timed[0] == [1]  # the first call is timed, to size the window
     assert dev.synced_after == [window_calls]  # the window's calls, enqueued back to back
-    assert dev.timed[1:] == list(range(window_calls + 1, window_calls + 1 + samples))
-    assert dev.calls == window_calls + samples  # no untimed call between window and samples
-    assert median == 0.05
+    # then one timed block of as many calls, straight after: samples does not apply
+    assert dev.timed[1:] == [list(range(window_calls + 1, 2 * window_calls + 1))]
+    assert dev.calls == 2 * window_calls
+    assert mean == pytest.approx(0.05)
 
 
-def test_the_median_of_the_samples_is_kept():
+def test_the_mean_of_the_timed_calls_is_kept_not_a_median():
+    # The clocks swing at the power limit: a median of the timed calls would read 0.1 s.
+    dev = ScriptedDevice(is_gpu=True, seconds=[0.1, 0.1, 0.1] + [0.1, 0.1, 0.4])
+    with dask.config.set({"mgpu.ceilings.sustain": "0.3s"}):
+        assert sustained_seconds(dev, dev.kernel) == pytest.approx(0.2)
+    assert dev.timed[1:] == [[4, 5, 6]]
+
+
+def test_no_window_keeps_the_median_of_the_samples():
     dev = ScriptedDevice(is_gpu=True, seconds=[0.1, 0.2, 0.9, 0.3, 0.25, 0.4])
     with dask.config.set({"mgpu.ceilings.sustain": 0, "mgpu.ceilings.samples": 5}):
         assert sustained_seconds(dev, dev.kernel) == 0.3  # median of calls 2-6, after one untimed
-    assert dev.timed == [2, 3, 4, 5, 6]
+    assert dev.timed == [[2], [3], [4], [5], [6]]
 
 
 def test_a_cpu_has_no_window():
     dev = ScriptedDevice(is_gpu=False, seconds=[1.0] * 10)
     with dask.config.set({"mgpu.ceilings.sustain": "10s", "mgpu.ceilings.samples": 3}):
         sustained_seconds(dev, dev.kernel)
-    assert dev.calls == 4 and dev.timed == [2, 3, 4] and dev.synced_after == []
+    assert dev.calls == 4 and dev.timed == [[2], [3], [4]] and dev.synced_after == []
 
 
 def test_median_seconds_leaves_out_the_untimed_call_when_told():
     dev = ScriptedDevice(is_gpu=True, seconds=[0.1] * 10)
     with dask.config.set({"mgpu.ceilings.samples": 2}):
         median_seconds(dev, dev.kernel, first=False)
-    assert dev.timed == [1, 2]
+    assert dev.timed == [[1], [2]]

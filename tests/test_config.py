@@ -149,7 +149,7 @@ BAD = [
     ("recovery.checkpoint-steps", True, "mgpu.recovery.checkpoint-steps: True is not a whole number of steps"),
     ("recovery.checkpoint-steps", 2.5, "mgpu.recovery.checkpoint-steps: 2.5 is not a whole number of steps"),
     ("cache-dir", 3, "mgpu.cache-dir: 3 is not a folder"),
-    ("ceilings.sustain", "long", "mgpu.ceilings.sustain: 'long' is not a length of time (e.g. 0.3s)"),
+    ("ceilings.sustain", "long", "mgpu.ceilings.sustain: 'long' is not a length of time (e.g. 1s)"),
     ("ceilings.samples", 0, "mgpu.ceilings.samples: 0 is not a positive whole number of timed runs"),
     ("transfer.chunk-byte", 1, "mgpu.transfer.chunk-byte: mgpu has no such setting; it has mgpu.transfer.chunk-bytes,"),
     ("transfer", "fast", "mgpu.transfer: 'fast' is not a mapping of settings"),

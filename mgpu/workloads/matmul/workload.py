@@ -52,11 +52,10 @@ _B_PARTS = 2
 # The side of the square GEMMs that measure the ceilings: well past launch overheads, and
 # on a GPU large enough to run at the rate a job's large tiles do.
 _CEILING_SIDE = {"cuda": 16384, "cpu": 384}
-# Each is timed once the GPU has run it back to back for mgpu.ceilings.sustain: the rate a
-# GPU keeps up, not its first milliseconds' (on an H200 a TF32 GEMM of 8192² ran at 407.6
-# TFLOP/s in 3 ms, while a 32768³ tile's product ran at 357 for 0.2 s: the clocks drop
-# under a tensor-core GEMM's power; float64 52.7 against 57.6; float32, not on tensor
-# cores, held).
+# Each is timed over calls back to back once the GPU has run them for mgpu.ceilings.sustain
+# (roofline.sustained_seconds): the rate a GPU keeps at its power limit, not its first
+# milliseconds' (on an H200 a TF32 GEMM of 8192² ran at 407.6 TFLOP/s in 3 ms, while a
+# 32768³ tile's product ran at 357 for 0.2 s; float32, not on tensor cores, holds).
 
 
 def _pieces(bounds: tuple[int, int], n: int) -> list[tuple[int, int]]:
