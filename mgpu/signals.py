@@ -5,7 +5,9 @@ container runtimes send) is made to raise it too, so that one path unwinds both:
 client side cancels the job's tasks, the cluster mgpu started is closed, and the outputs'
 temporary files are removed. A second signal while that runs is ignored, and a first one that
 arrives while a cluster is being closed waits until it is closed, so the cleanup itself is
-not cut short (SIGKILL still ends everything at once).
+not cut short (SIGKILL still ends everything at once). One that Python hands to the
+handler inside a finalizer, where an exception is printed and dropped, comes again once
+the finalizer has returned.
 
 The workers of a cluster mgpu starts load this module as a preload (``dask_setup``) and
 ignore SIGINT: Ctrl-C at a terminal reaches every process of the foreground group, and the
@@ -20,7 +22,9 @@ import os
 import signal
 import sys
 import threading
+import weakref
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 __all__ = [
@@ -54,7 +58,29 @@ def _already_stopping(signum: int, frame: Any) -> None:
     print("mgpu: already stopping: cancelling the tasks and closing the cluster", file=sys.stderr)
 
 
+# Code whose exceptions Python prints and drops: an object's finalizer, weakref.finalize's.
+_FINALIZER_CODES = (weakref.finalize.__call__.__code__,)
+# How soon a signal that landed in a finalizer is delivered again, past its end.
+_REDELIVER_S = 0.01
+
+
+def _in_finalizer(frame: FrameType | None) -> bool:
+    """Whether ``frame`` runs inside a finalizer: a ``__del__`` (a Dask future's, releasing
+    its key as the client drops it) or a weakref.finalize callback."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__" or frame.f_code in _FINALIZER_CODES:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _interrupt(signum: int, frame: Any) -> None:
+    if _in_finalizer(frame):
+        # Raised here, Interrupted would be printed ("Exception ignored in ...") and dropped,
+        # and the run would go on as if never stopped, its outputs kept: the signal comes
+        # again once the finalizer has returned, to this same handler.
+        threading.Timer(_REDELIVER_S, os.kill, (os.getpid(), signum)).start()
+        return
     for sig in _HANDLED:
         signal.signal(sig, _already_stopping)
     # mgpu says what it does about it in one line; Dask's own account of the teardown that
