@@ -1,7 +1,8 @@
 """On GPUs: a cluster of GPU workers mgpu starts for a job ends at once once the job is
 done (every worker process killed, none restarted, none left), with each worker
-collecting garbage again once its runtime was made; the matmul ceiling is timed over as
-many GEMMs again after mgpu.ceilings.sustain of them back to back.
+collecting garbage again once its runtime was made; a tensor-core matmul ceiling is timed
+over as many GEMMs again after mgpu.ceilings.sustain of them back to back, float32's by a
+median of a few.
 
 Run on a GPU machine with ``pytest -m gpu``; skipped where CuPy or a GPU is missing.
 """
@@ -23,6 +24,7 @@ from test_ending import worker_children  # noqa: E402
 
 import mgpu  # noqa: E402
 import mgpu.cluster  # noqa: E402
+import mgpu.workloads.matmul.workload as matmul_workload  # noqa: E402
 from mgpu.ending import end_workers  # noqa: E402
 
 
@@ -68,7 +70,7 @@ def test_a_gpu_cluster_mgpu_started_is_ended_at_once_and_leaves_no_process(tmp_p
     assert worker_children() == []
 
 
-def test_the_matmul_ceiling_is_timed_over_as_long_again_after_the_sustain_window(monkeypatch):
+def test_a_tensor_core_ceiling_is_timed_after_the_sustain_window_and_float32_s_by_a_median(monkeypatch):
     from mgpu import roofline
     from mgpu.worker.runtime import _cuda_device
 
@@ -86,11 +88,16 @@ def test_the_matmul_ceiling_is_timed_over_as_long_again_after_the_sustain_window
 
     monkeypatch.setattr(roofline, "keep_busy", spy_busy)
     monkeypatch.setattr(roofline, "median_seconds", spy_median)
+    monkeypatch.setattr(matmul_workload, "median_seconds", spy_median)
     dev = _cuda_device()
-    with dask.config.set({"mgpu.ceilings.sustain": "0.2s"}):
-        rates = roofline.measure_ceilings(["matmul:gemm_float32"], dev)
-    assert calls == ["busy 0.2"]  # the window, then its timed calls: no median of samples
-    assert set(rates) == {"gemm_float32"} and rates["gemm_float32"] > 1  # TFLOP/s: any GPU of this decade
+    with dask.config.set({"mgpu.ceilings.sustain": "0.2s", "mgpu.ceilings.samples": 2}):
+        rates = roofline.measure_ceilings(["matmul:gemm_tf32"], dev)
+        tf32_calls = calls[:]
+        calls.clear()
+        rates |= roofline.measure_ceilings(["matmul:gemm_float32"], dev)
+    assert tf32_calls == ["busy 0.2"]  # the window, then its timed calls: no median of samples
+    assert calls == ["median"]  # float32: no window
+    assert rates["gemm_tf32"] > rates["gemm_float32"] > 1  # TFLOP/s: any GPU of this decade
 
 
 def _uses_cuda(pid: int) -> bool:

@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 
 from ...errors import JobInputError
 from ...inputs import InputParams, Operand
-from ...roofline import sustained_seconds
+from ...roofline import median_seconds, sustained_seconds
 from ...sizes import format_bytes
 from ...tiling import Panel, Plan, Tile, assign_contiguous, check_tile_count, split, split_by_size
 from ...worker.device import Device, DeviceFacts
@@ -52,10 +52,13 @@ _B_PARTS = 2
 # The side of the square GEMMs that measure the ceilings: well past launch overheads, and
 # on a GPU large enough to run at the rate a job's large tiles do.
 _CEILING_SIDE = {"cuda": 16384, "cpu": 384}
-# Each is timed over calls back to back once the GPU has run them for mgpu.ceilings.sustain
-# (roofline.sustained_seconds): the rate a GPU keeps at its power limit, not its first
-# milliseconds' (on an H200 a TF32 GEMM of 8192² ran at 407.6 TFLOP/s in 3 ms, while a
-# 32768³ tile's product ran at 357 for 0.2 s; float32, not on tensor cores, holds).
+# A tensor-core GEMM's (float16, TF32, float64) is timed over calls back to back once the
+# GPU has run them for mgpu.ceilings.sustain (roofline.sustained_seconds): the rate a GPU
+# keeps at its power limit, not its first milliseconds' (on one H100, TF32 16384³ products
+# ran at 392.7 TFLOP/s after 0.3 s and 368.5 on average over 3.4 s; float64 62.7 and 59.6).
+# float32's, on the CUDA cores, is the median of a few calls: at the limit its clocks held
+# 1956-1980 MHz and its rate 53.5-54.2 (54.2 after 0.3 s), and a first job on a machine
+# need not wait the window's 2 s.
 
 
 def _pieces(bounds: tuple[int, int], n: int) -> list[tuple[int, int]]:
@@ -237,7 +240,8 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
     @classmethod
     def measure_ceilings(cls, dev: Device, only: Collection[str] | None = None) -> dict[str, float]:
         """cuBLAS (or BLAS) GEMM of two random square matrices, per dtype and with TF32
-        (those in ``only``)."""
+        (those in ``only``): on tensor cores timed at the power limit, float32 (on the
+        CUDA cores, whose clocks hold) as the median of a few calls."""
         xp, n = dev.xp, _CEILING_SIDE[dev.backend]
         out: dict[str, float] = {}
         for key, dtype, tf32 in (
@@ -258,7 +262,8 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
                 return xp.matmul(a, b, out=c)
 
             with _tf32(dev, tf32):
-                seconds = sustained_seconds(dev, product)
+                on_tensor_cores = tf32 or dtype != "float32"
+                seconds = sustained_seconds(dev, product) if on_tensor_cores else median_seconds(dev, product)
             del a, b, c
             out[key] = 2 * n**3 / seconds / 1e12
         return out
