@@ -103,6 +103,26 @@ def test_dot_kernel_accumulates_in_float64(dtype, n, offset):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize(
+    "rows,cols,total",
+    [
+        ((0, 1), (0, 1), 1),
+        ((3, 17), (5, 1000), 1013),  # a block inside the operand, rows a multiple of every vector
+        ((2, 40), (8, 1011), 1100),  # rows with a tail past the vectors
+        ((100, 3100), (0, 4104), 4104),  # full width, more rows than blocks
+    ],
+)
+def test_random_block_matvec_is_the_block_and_its_matvec_bit_for_bit(dtype, rows, cols, total):
+    kw = dict(seed=9, operand=1, rows=rows, cols=cols, total_cols=total, dtype=dtype)
+    v = cupy.asarray(np.random.default_rng(1).standard_normal(cols[1] - cols[0]))
+    block, sums = kernels.random_block_matvec(cupy, **kw, v=v)
+    np.testing.assert_array_equal(_bits(cupy.asnumpy(block)), _bits(kernels.random_block(np, **kw)))
+    want = kernels.matvec_f64(cupy, kernels.random_block(cupy, **kw), v)  # the two calls it replaces
+    assert sums.dtype == np.float64
+    np.testing.assert_array_equal(cupy.asnumpy(sums), cupy.asnumpy(want))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 @pytest.mark.parametrize("rows,cols", [(1, 1), (5, 4099), (3001, 517), (7, 4104), (64, 1 << 17)])
 def test_matvec_f64_kernel_matches_numpy(dtype, rows, cols):
     rng = np.random.default_rng(rows * cols)

@@ -3,11 +3,13 @@
 Made whole, a tile's A and B are generated before its one cuBLAS call, and the check's
 pass over A after it: nothing else runs meanwhile. At 32768³ in TF32 (0.2 s of
 products on an H200) that was ~5% of the tile (0.207 s against 0.197 of products).
-Here the tile's rows go in pieces: B and B·r are made first, then each piece of A is
-made on the thread's second stream while the piece before multiplies, and the check's
-share of that piece (A_i·(B·r)) runs there too. Only B, B·r, the first piece of A and
-the check's C·r are not hidden; the products stay large (16384 rows or more each: a
-32768³ tile goes in two pieces).
+Here the tile's rows go in pieces: B is made first, then each piece of A on the thread's
+second stream while the piece before multiplies. With a check, one kernel makes a block
+and its rows' sums against a vector at once (``random_block_matvec``): B with B·r, each
+piece of A with its share of A·(B·r), so neither is read again (B·r read 4 GiB, 1.4 ms
+of an H100's 0.19 s TF32 tile). Only B, the first piece of A and the check's C·r are
+not hidden; the products stay large (16384 rows or more each: a 32768³ tile goes in two
+pieces).
 
 A float64 piece multiplies in cubes (``CUBE``): one cuBLAS call per ``CUBE``³ of it, on
 views. On one H100, 16384³ pieces of a 32768³ float64 product ran at 53.1-53.5 TFLOP/s,
@@ -26,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...tiling import Tile, split
-from ...worker.kernels import gemm_into, matvec_f64, random_block
+from ...worker.kernels import gemm_into, random_block, random_block_matvec
 from ...worker.sources import RandomSource
 from ..checks import freivalds_vector
 
@@ -94,39 +96,40 @@ def run(workload: Any, ctx: Any, tile: Tile) -> tuple[Any, Any, Any]:
     main, side = dev.stream, dev.copy_stream
     bounds = pieces_of(r1 - r0)
 
-    def make_a(piece: tuple[int, int]) -> Any:  # on the current stream
-        return random_block(
-            xp,
-            seed=src_a.seed,
-            operand=src_a.operand,
-            rows=(r0 + piece[0], r0 + piece[1]),
-            cols=(0, p.k),
-            total_cols=src_a.shape[1],
-            dtype=src_a.dtype,
-        )
+    def make(src: Any, rows: tuple[int, int], cols: tuple[int, int], v: Any) -> tuple[Any, Any]:
+        """The block and, with a check, its rows' products with ``v``, made at once (on
+        the current stream)."""
+        kw = dict(seed=src.seed, operand=src.operand, rows=rows, cols=cols, total_cols=src.shape[1], dtype=src.dtype)
+        if v is None:
+            return random_block(xp, **kw), None
+        return random_block_matvec(xp, **kw, v=v)
 
     made: list[Any] = []
     with dev.on_stream():
         r = freivalds_vector(dev, p.seed, p.n, (c0, c1)) if ctx.verify else None
-        b = src_b.read(dev, (0, p.k), (c0, c1))
-        br = matvec_f64(xp, b, r) if r is not None else None
+        b, br = make(src_b, (0, p.k), (c0, c1), r)
         abr = xp.empty(r1 - r0, dtype=xp.float64) if r is not None else None
+
+        def make_a(piece: tuple[int, int]) -> Any:  # and its share of A·(B·r)
+            a, sums = make(src_a, (r0 + piece[0], r0 + piece[1]), (0, p.k), br)
+            if abr is not None:
+                abr[piece[0] : piece[1]] = sums
+            return a
+
         c = xp.empty((r1 - r0, c1 - c0), dtype=p.dtype)
         made.append(make_a(bounds[0]))
-        side.wait_event(main.record())  # B·r and the first piece are made
+        side.wait_event(main.record())  # B, B·r and the first piece are made
         for i, (p0, p1) in enumerate(bounds):
             following = None
-            with side:
-                if i + 1 < len(bounds):
+            if i + 1 < len(bounds):
+                with side:
                     made.append(make_a(bounds[i + 1]))
                     following = side.record()
-                if abr is not None:
-                    abr[p0:p1] = matvec_f64(xp, made[i], br)
             with ctx.timer():
                 product(xp, made[i], b, c[p0:p1])
             if following is not None:
                 main.wait_event(following)
-        main.wait_event(side.record())  # the check's pieces, before C·r is set against them
+        main.wait_event(side.record())  # the last piece's share of A·(B·r), before C·r is set against it
         main.synchronize()
     del made
     return c, r, abr
