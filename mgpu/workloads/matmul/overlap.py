@@ -129,7 +129,7 @@ def run(workload: Any, ctx: Any, tile: Tile) -> tuple[Any, Any, Any]:
                 product(xp, made[i], b, c[p0:p1])
             if following is not None:
                 main.wait_event(following)
-        main.wait_event(side.record())  # the last piece's share of A·(B·r), before C·r is set against it
+        main.wait_event(side.record())  # nothing of the tile left on the side stream once it returns
         main.synchronize()
     del made
     return c, r, abr
