@@ -178,6 +178,35 @@ def test_a_tile_of_random_operands_made_beside_its_products_is_the_whole_product
     np.testing.assert_allclose(np.load(out), a @ b, rtol=rtol, atol=rtol * np.sqrt(k))
 
 
+@pytest.mark.parametrize("wrong_piece", [None, 0, 2, 3])
+def test_the_check_of_a_tile_made_in_pieces_reads_each_piece_as_its_product_left_it(monkeypatch, wrong_piece):
+    # Each piece's C·r is made on the second stream once its product is done: a wrong
+    # element written after a product (on the tile's stream) must reach the check, and a
+    # C·r made before its product had finished would fail the right answer.
+    from mgpu.tiling import Tile
+    from mgpu.worker.runtime import _cuda_device
+    from mgpu.worker.tile import run_tile
+    from mgpu.workloads.matmul import overlap
+    from mgpu.workloads.matmul.workload import MatmulParams, PerTileMatmul
+
+    m, n, k = 4 * overlap.MIN_PIECE_ROWS + 3, 300, 257
+    job = PerTileMatmul(MatmulParams(m=m, n=n, k=k, dtype="float32", precision="tf32", seed=5))
+    tile, dev = Tile(0, {"m": (0, m), "n": (0, n)}), _cuda_device()
+    assert overlap.applies(job, dev, tile) and len(overlap.pieces_of(m)) == 4
+    product, calls = overlap.product, []
+
+    def product_then_wrong(xp, a, b, c):
+        product(xp, a, b, c)
+        if len(calls) == wrong_piece:
+            c[c.shape[0] // 2, 7] += 100.0
+        calls.append(c.shape[0])
+
+    monkeypatch.setattr(overlap, "product", product_then_wrong)
+    record = run_tile(job, dev, tile)
+    assert len(calls) == 4
+    assert record.verify_ok is (wrong_piece is None)
+
+
 @pytest.mark.parametrize("allocator", ["pool", "async"])
 def test_matmul_on_cuda_cluster_matches_cpu_backend(tmp_path, allocator):
     params = {"m": 1031, "n": 517, "k": 263, "dtype": "float32", "seed": 3}

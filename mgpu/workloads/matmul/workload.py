@@ -220,7 +220,7 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
         if isinstance(answer, _Streamed):  # both made as the rows were
             error = relative_residual(xp, answer.cr, answer.abr)
             return error, bool(error <= self.tolerance())
-        got = matvec_f64(xp, answer.c, answer.r)
+        got = answer.cr if answer.cr is not None else matvec_f64(xp, answer.c, answer.r)
         want = answer.abr if answer.abr is not None else matvec_f64(xp, answer.a, answer.br)
         error = relative_residual(xp, got, want)
         return error, bool(error <= self.tolerance())
@@ -370,11 +370,11 @@ class PerTileMatmul(Matmul):
         if overlap.applies(self, ctx.dev, tile):  # random operands made beside the products
             p = self.params
             with _tf32(ctx.dev, p.precision == "tf32"):
-                c, r, abr = overlap.run(self, ctx, tile)
+                c, r, abr, cr = overlap.run(self, ctx, tile)
             ctx.mark("queued")
             (r0, r1), (c0, c1) = tile.bounds["m"], tile.bounds["n"]
             ctx.record.work = 2.0 * (r1 - r0) * (c1 - c0) * p.k
-            return _Product(c, r, abr=abr)
+            return _Product(c, r, abr=abr, cr=cr)
         return self._run_blocks(ctx, tile)
 
 
@@ -587,13 +587,15 @@ class _Streamed:
 
 @dataclass
 class _Product:
-    """A tile's C and what its check needs: the check vector r and A·(B·r), or A and B·r."""
+    """A tile's C and what its check needs: the check vector r and A·(B·r), or A and B·r;
+    C·r where it was made beside the products."""
 
     c: Any
     r: Any
     abr: Any = None
     a: Any = None
     br: Any = None
+    cr: Any = None
 
 
 def _gemm_accumulate(xp: Any, a: Any, b: Any, c: Any | None) -> Any:
