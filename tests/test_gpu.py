@@ -207,6 +207,37 @@ def test_the_check_of_a_tile_made_in_pieces_reads_each_piece_as_its_product_left
     assert record.verify_ok is (wrong_piece is None)
 
 
+def test_a_tile_made_in_pieces_is_left_queued_for_its_check():
+    # The host goes on to the check while the products still run: a wait for them would
+    # have returned only after the 0.2 s kernel queued ahead of the tile.
+    import time
+
+    from mgpu.tiling import Tile
+    from mgpu.worker.kernels import matvec_f64
+    from mgpu.worker.runtime import _cuda_device
+    from mgpu.worker.tile import TileContext, new_record
+    from mgpu.workloads.checks import relative_residual
+    from mgpu.workloads.matmul import overlap
+    from mgpu.workloads.matmul.workload import MatmulParams, PerTileMatmul
+
+    m, n, k = 2 * overlap.MIN_PIECE_ROWS, 300, 257
+    job = PerTileMatmul(MatmulParams(m=m, n=n, k=k, dtype="float32", precision="tf32", seed=5))
+    tile, dev = Tile(0, {"m": (0, m), "n": (0, n)}), _cuda_device()
+    ctx = TileContext(dev, new_record(dev, tile, time.time(), busy_s=0.0, work=0.0), True, {}, "")
+    spin = cupy.RawKernel(
+        'extern "C" __global__ void spin(long long cycles) '
+        "{ long long t0 = clock64(); while (clock64() - t0 < cycles) {} }",
+        "spin",
+    )
+    with dev.on_stream():
+        spin((1,), (1,), (np.int64(400_000_000),))  # 0.2 s at 2 GHz
+        c, r, abr, cr = overlap.run(job, ctx, tile)
+        assert not dev.stream.done
+        dev.synchronize()
+    np.testing.assert_array_equal(cupy.asnumpy(cr), cupy.asnumpy(matvec_f64(cupy, c, r)))
+    assert relative_residual(cupy, cr, abr) <= job.tolerance()
+
+
 @pytest.mark.parametrize("allocator", ["pool", "async"])
 def test_matmul_on_cuda_cluster_matches_cpu_backend(tmp_path, allocator):
     params = {"m": 1031, "n": 517, "k": 263, "dtype": "float32", "seed": 3}
