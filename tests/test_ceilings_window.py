@@ -45,30 +45,43 @@ class ScriptedDevice:
         self.synced_after.append(self.calls)
 
 
-# (sustain, calls in the window): the first call takes 0.1 s and is timed to size the
-# window; the rest take 0.05 s, so 0.3 s is that call and two more.
-WINDOWS = [(0.3, 3), (1.0, 10), (0.05, 2)]
+# (sustain, calls in the window): after the first call (untimed) each takes 1/16 s, so
+# half a second is eight of them. Binary fractions: the sums are exact.
+WINDOWS = [(0.5, 8), (1.0, 16), (0.03125, 1)]
 
 
+@pytest.mark.parametrize("first", [0.0625, 0.5, 2.0])
 @pytest.mark.parametrize("sustain,window_calls", WINDOWS)
-def test_a_gpu_runs_the_kernel_for_the_window_then_times_as_many_calls_again(sustain, window_calls):
-    dev = ScriptedDevice(is_gpu=True, seconds=[0.1] + [0.05] * 200)
+def test_a_gpu_runs_the_kernel_for_the_window_then_times_as_many_calls_again(sustain, window_calls, first):
+    # However long the first call takes (it may load its kernels): sized by a first call of
+    # 2 s, the window held two calls, timed at once where it was meant for after half a second.
+    dev = ScriptedDevice(is_gpu=True, seconds=[first] + [0.0625] * 200)
     with dask.config.set({"mgpu.ceilings.sustain": f"{sustain}s", "mgpu.ceilings.samples": 7}):
         mean = sustained_seconds(dev, dev.kernel)
-    assert dev.timed[0] == [1]  # the first call is timed, to size the window
-    assert dev.synced_after == [window_calls]  # the window's calls, enqueued back to back
+    assert dev.timed[0] == [2]  # the first call untimed, the second timed, to size the rest
+    batch = [list(range(3, window_calls + 2))] if window_calls > 1 else []  # enqueued at once
     # then one timed block of as many calls, straight after: samples does not apply
-    assert dev.timed[1:] == [list(range(window_calls + 1, 2 * window_calls + 1))]
-    assert dev.calls == 2 * window_calls
-    assert mean == pytest.approx(0.05)
+    assert dev.timed[1:] == [*batch, list(range(window_calls + 2, 2 * window_calls + 2))]
+    assert dev.calls == 1 + 2 * window_calls
+    assert mean == 0.0625
+
+
+def test_a_batch_that_came_short_is_followed_by_another():
+    # The sized batch ran faster than the call that sized it: 7 calls of 1/32 s left the
+    # device busy 0.28 s of 0.5; seven more make up the rest.
+    dev = ScriptedDevice(is_gpu=True, seconds=[0.5, 0.0625] + [0.03125] * 100)
+    with dask.config.set({"mgpu.ceilings.sustain": "0.5s"}):
+        assert sustained_seconds(dev, dev.kernel) == 0.03125
+    assert dev.timed[:3] == [[2], list(range(3, 10)), list(range(10, 17))]
+    assert dev.timed[3:] == [list(range(17, 32))]  # the window: as many calls as the 0.5 s took
 
 
 def test_the_mean_of_the_timed_calls_is_kept_not_a_median():
-    # The clocks swing at the power limit: a median of the timed calls would read 0.1 s.
-    dev = ScriptedDevice(is_gpu=True, seconds=[0.1, 0.1, 0.1] + [0.1, 0.1, 0.4])
-    with dask.config.set({"mgpu.ceilings.sustain": "0.3s"}):
-        assert sustained_seconds(dev, dev.kernel) == pytest.approx(0.2)
-    assert dev.timed[1:] == [[4, 5, 6]]
+    # The clocks swing at the power limit: a median of the timed calls would read 0.125 s.
+    dev = ScriptedDevice(is_gpu=True, seconds=[0.5] + [0.125] * 3 + [0.125, 0.125, 0.5])
+    with dask.config.set({"mgpu.ceilings.sustain": "0.375s"}):
+        assert sustained_seconds(dev, dev.kernel) == 0.25
+    assert dev.timed[-1] == [5, 6, 7]
 
 
 def test_no_window_keeps_the_median_of_the_samples():
