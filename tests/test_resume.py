@@ -90,8 +90,14 @@ def _submit_killing(
         with cluster.client() as client:
             victim = worker_by_name(client, name)
             pids = client.run(os.getpid)
-            wait_for(lambda: when(client), 60, "the moment to kill a worker", interval=0.02)
-        assert proc.poll() is None, "the job ended before a worker could be killed"
+
+            def ended() -> bool:  # a submit that failed at once (a workload not installed)
+                return proc.poll() is not None
+
+            wait_for(lambda: ended() or when(client), 60, "the moment to kill a worker", interval=0.02)
+        if ended():
+            _, stderr = proc.communicate()
+            pytest.fail(f"the job ended (exit {proc.returncode}) before a worker could be killed:\n{stderr[-2000:]}")
         os.kill(pids[victim], sig)
         try:
             stdout, stderr = proc.communicate(timeout=180)
@@ -164,6 +170,18 @@ def test_a_stencil_that_loses_its_only_worker_fails_naming_it_and_writes_nothing
         assert "Traceback" not in stdout + stderr
         assert f"mgpu: job failed: every worker was lost ({victim})" in stderr
         assert sorted(os.listdir(tmp_path)) == ["cluster", "job.yaml"]  # no result, no output, no temporary
+    finally:
+        cluster.stop()
+
+
+def test_a_submit_that_fails_at_once_ends_the_wait_with_its_error(tmp_path, no_gpu):
+    # As on a machine where the plug-in has no entry point: the test fails at once with the
+    # submit's message, not 60 s later with a timeout that hides it.
+    cluster = _slow_cluster(tmp_path / "cluster", 1)
+    try:
+        job = write_job(tmp_path / "job.yaml", {"workload": "no-such-workload", "params": {}})
+        with pytest.raises(pytest.fail.Exception, match=r"exit 2\)[\s\S]*unknown workload 'no-such-workload'"):
+            _submit_killing(cluster, job, tmp_path / "out.json", "0", lambda client: False, {})
     finally:
         cluster.stop()
 
