@@ -10,9 +10,9 @@ piece of A with its share of A·(B·r), so neither is read again (B·r read 4 Gi
 of an H100's 0.19 s TF32 tile). Each piece's share of the check's C·r is made on the
 second stream while the next piece multiplies. Only B, the first piece of A and the last
 piece's C·r are not hidden; the products stay large (16384 rows or more each: a 32768³
-tile goes in two pieces). On one H100, 32768³ TF32 tiles spent 5.3 ms outside their
-products with C·r so, 6.2 with all of it after them (medians of 15 each, alternated; the
-products took as long either way).
+tile goes in two pieces). On one H100, a probe of these kernels at 32768³ in TF32 spent
+5.3 ms outside the products with C·r so, 6.2 with all of it after them (medians of 15
+tiles each, alternated; the products took as long either way).
 
 A float64 piece multiplies in cubes (``CUBE``): one cuBLAS call per ``CUBE``³ of it, on
 views. On one H100, 16384³ pieces of a 32768³ float64 product ran at 53.1-53.5 TFLOP/s,
