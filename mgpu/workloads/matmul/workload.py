@@ -262,8 +262,8 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
                 return xp.matmul(a, b, out=c)
 
             with _tf32(dev, tf32):
-                on_tensor_cores = tf32 or dtype != "float32"
-                seconds = sustained_seconds(dev, product) if on_tensor_cores else median_seconds(dev, product)
+                sustained = overlap.on_tensor_cores(dtype, "tf32" if tf32 else "default")
+                seconds = sustained_seconds(dev, product) if sustained else median_seconds(dev, product)
             del a, b, c
             out[key] = 2 * n**3 / seconds / 1e12
         return out
