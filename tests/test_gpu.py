@@ -730,9 +730,17 @@ def test_streamed_matmul_from_files_on_one_gpu(tmp_path, limit):
     assert t.blocks_tflops > 0 and t.whole_k_tflops is None
 
 
-@pytest.mark.parametrize("k,n,limit", [(2000, 2000, "100MB"), (3000, 1000, "160MB")])
-def test_streamed_matmul_keeping_b_whole_on_one_gpu(tmp_path, k, n, limit):
-    m = 9000  # B (12-16 MB) whole beside four panels of 2250 rows: the first phase, two panels, bands
+# B (12-16 MB) whole beside four panels of 2250 rows: the first phase, two panels, bands;
+# the later panels' products over all of k in one call, or in three pieces of k.
+@pytest.mark.parametrize(
+    "k,n,limit,piece", [(2000, 2000, "100MB", 0), (3000, 1000, "160MB", 0), (3000, 1000, "160MB", 1000)]
+)
+def test_streamed_matmul_keeping_b_whole_on_one_gpu(tmp_path, monkeypatch, k, n, limit, piece):
+    from mgpu.workloads.matmul import stream as matmul_stream
+
+    m = 9000
+    if piece:  # the plan is made here, in the client
+        monkeypatch.setattr(matmul_stream, "WHOLE_K_PIECE", piece)
     result = _streamed_from_files(tmp_path, m, k, n, seed=8, limit=limit)
     assert result.plan["tile_shape"]["k"] == k and result.plan["tile_shape"]["m"] < m // 2
     assert result.pcie.bytes == result.pcie.minimum_bytes == 4 * (m * k + k * n + m * n)

@@ -193,6 +193,11 @@ def test_b_stays_whole_where_it_fits_beside_four_panels_and_all_of_c_does_not():
     # Its products outlast B's read twice over: wider blocks of k, which add to C less often.
     assert s.block_rows == ms.BLOCK_ROWS and big.block_rows == ms.WHOLE_K_BLOCK_ROWS > ms.BLOCK_ROWS
     assert big.steps(49152, 49152)[0].rows == (0, big.panel_rows)
+    # Its later products over all of k in three pieces of k; the first phase's blocks and
+    # all of 32768³'s products in one call each.
+    assert big.pieces((0, 49152), 49152) == [(0, 16384), (16384, 32768), (32768, 49152)]
+    assert big.pieces((0, big.block_rows), 49152) == [(0, big.block_rows)]
+    assert {len(s.pieces(st.block, 32768)) for st in steps} == {1}
     _slots_safe(big.steps(49152, 49152), big, 49152)
     # Its panels odd multiples of 128 rows (no two even ones could become odd within the slot).
     big_steps = big.steps(49152, 49152)
@@ -276,12 +281,19 @@ def _files(tmp_path, m, k, n):
     return npy_operands(tmp_path, m, k, n, seed=9)
 
 
-@pytest.mark.parametrize("limit", ["8MB", "200KB", "420KB"])  # all of C on each worker; panels of it; B whole
-def test_streamed_matmul_from_files_to_a_file(tmp_path, scheduler, monkeypatch, limit):
+# All of C on each worker; panels of it; B whole, the later panels' products over all of k
+# in one call or in four pieces of k.
+@pytest.mark.parametrize("limit,piece", [("8MB", 0), ("200KB", 0), ("420KB", 0), ("420KB", 40)])
+def test_streamed_matmul_from_files_to_a_file(tmp_path, scheduler, monkeypatch, limit, piece):
     monkeypatch.setattr(ms, "BLOCK_ROWS", 32)  # 5 blocks of B (the plan is made here, on the client)
     monkeypatch.setattr(ms, "MIN_BAND_ROWS", 8)
     monkeypatch.setattr(ms, "WHOLE_K_ROWS", 16)
+    if piece:
+        monkeypatch.setattr(ms, "WHOLE_K_PIECE", piece)
     m, k, n = 203, 150, 170
+    if piece:
+        s = ms.choose(rows=102, n=n, k=k, itemsize=8, budget=420_000, verify=True)
+        assert s.whole_k and [b - a for a, b in s.pieces((0, k), k)] == [37, 38, 37, 38]
     a, b, files = _files(tmp_path, m, k, n)
     out = tmp_path / "c.npy"
     doc = {

@@ -106,6 +106,14 @@ WHOLE_K_BANDS = 4
 # last of the first block's pieces waited for the next block, and the jobs ran
 # 1.374-1.387 s against 1.365-1.384.
 WHOLE_K_BLOCK_ROWS = 4096
+# Rows of k a product over all of k takes at once where k is longer than two of them: its
+# A is laid out in the slot as contiguous pieces this wide, each multiplied by its rows of
+# B, the later ones adding to C. At the power limit on two H100s, 49152³ float32 panels of
+# 7168, 7040, 6784 and 1792 rows ran at 52.80 / 51.97 / 51.71 / 51.44 TFLOP/s so, against
+# 49.95 / 51.43 / 50.47 / 49.99 over all of k in one call (pieces of 8192, 12288 and 24576
+# rows, or of 16384 as strided views of A's rows: 50.1-52.2); at 32768³, 2688 rows in two
+# pieces 51.46 against 51.61 in one.
+WHOLE_K_PIECE = 16384
 # Buffers of a panel's rows each, beside B kept whole: two panels' A and two panels' C.
 SLOTS = 4
 # Rows of float32 whose products outlast the read of the B they multiply: on an H100, B
@@ -171,9 +179,18 @@ class Schedule:
     whole_k: bool = False
     first_panels: int = 2  # B kept whole: panels of rows in the first phase (1 or 2)
     n: int = 0  # B kept whole: columns of C (a slot holds panel_rows rows of max(n, k))
+    k_piece: int = 0  # B kept whole: a product over all of k runs in pieces of k this wide (0: at once)
 
     def steps(self, rows: int, k: int) -> list[Step]:
         return steps(rows, k, self)
+
+    def pieces(self, block: tuple[int, int], k: int) -> list[tuple[int, int]]:
+        """The ranges of k a step's product over ``block`` runs in: near-equal pieces of at
+        most ``k_piece`` rows where the block is all of k (see ``WHOLE_K_PIECE``), else the
+        block itself."""
+        if self.k_piece and block == (0, k):
+            return split_by_size(k, self.k_piece)
+        return [block]
 
 
 def steps(rows: int, k: int, s: Schedule) -> list[Step]:
@@ -235,7 +252,8 @@ def _whole_k_steps(rows: int, k: int, s: Schedule) -> list[Step]:
     as that lets it, and slot 2 is free for the next panel's A, read while the first
     phase multiplies.
 
-    Each later panel is one product over all of k (beta = 0). Its C goes where the panel
+    Each later panel is one product over all of k (beta = 0), in pieces of k where k is
+    long (:meth:`Schedule.pieces`: its A lies in the slot piece after piece). Its C goes where the panel
     before read its A (free once that product has run: no write to wait for), and its A
     into a slot free from the start or else the one whose C is oldest: from the fourth
     panel on, a panel's A waits for the C of the panel three before it to be written, so
@@ -423,8 +441,19 @@ def _whole_k(rows: int, n: int, k: int, itemsize: int, budget: int, verify: bool
     wide = first_panels * h * 4 >= 2 * B_HIDDEN_ROWS * itemsize
     # At most a quarter of a slot's width: two blocks of two panels' rows fit a slot.
     kb = max(1, min(WHOLE_K_BLOCK_ROWS if wide else BLOCK_ROWS, k, max(n, k) // 4))
+    piece = WHOLE_K_PIECE if k > 2 * WHOLE_K_PIECE else 0
     return Schedule(
-        h, kb, 0, WHOLE_K_BANDS, 1, min(FIRST_ROWS, kb), PANEL_QUANTUM, whole_k=True, first_panels=first_panels, n=n
+        h,
+        kb,
+        0,
+        WHOLE_K_BANDS,
+        1,
+        min(FIRST_ROWS, kb),
+        PANEL_QUANTUM,
+        whole_k=True,
+        first_panels=first_panels,
+        n=n,
+        k_piece=piece,
     )
 
 
@@ -648,6 +677,18 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
         k0, k1 = plan_steps[t].block
         return b_all[k0:k1] if s.whole_k else b_bufs[plan_steps[t].b_slot][: k1 - k0]
 
+    def a_pieces(t: int) -> list[tuple[tuple[int, int], Any]]:
+        """Step t's block of A as ``(its columns, C-contiguous view)``, one for each piece
+        of k its product runs in, one after the other in the block's memory."""
+        st = plan_steps[t]
+        a0, a1 = st.rows
+        memory, at, out = a_view(t).reshape(-1), 0, []
+        for c0, c1 in s.pieces(st.block, p.k):
+            size = (a1 - a0) * (c1 - c0)
+            out.append(((c0, c1), memory[at : at + size].reshape(a1 - a0, c1 - c0)))
+            at += size
+        return out
+
     def c_view(panel: int, st: Step) -> tuple[int, Any]:
         """The panel's first row and its C (where B stays whole, the first phase's spans slots 0 and 1)."""
         p0, p1 = panel_rows_of[panel]
@@ -689,9 +730,11 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
         try:
             if a_rows is not None:
                 src_a.info.check()  # as read_into does: the file must still be the one checked
-                transfer.load(dev, a_rows[a0:a1, k0:k1], a_view(t), spread=True)
-            else:
-                src_a.read_into(dev, a_view(t), (r0 + a0, r0 + a1), (k0, k1))
+            for (c0, c1), piece in a_pieces(t):
+                if a_rows is not None:
+                    transfer.load(dev, a_rows[a0:a1, c0:c1], piece, spread=True)
+                else:
+                    src_a.read_into(dev, piece, (r0 + a0, r0 + a1), (c0, c1))
         finally:  # B's read ends before anything is raised: nothing may fill its buffer later
             if b_read is not None:
                 b_read.result()
@@ -793,9 +836,10 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
                 waits.append((inputs_s, time.perf_counter() - waited))
                 if t == 0:
                     first = time.perf_counter()
-                a, b, cv = a_view(t), b_view(t), c[a0 - base : a1 - base]
+                pieces, b, cv = a_pieces(t), b_view(t), c[a0 - base : a1 - base]
                 with ctx.timer() as timing:
-                    _gemm(xp, a, b, cv, first=st.first)
+                    for i, ((c0, c1), a) in enumerate(pieces):
+                        _gemm(xp, a, b[c0 - k0 : c1 - k0], cv, first=st.first and i == 0)
                 products.append(timing)
                 check = None
                 if ctx.verify:  # Freivalds: C r against A (B r), B r made once per block
@@ -803,7 +847,8 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
                         # B kept whole: the first panel made all of B r, block by block.
                         if first_use[st.block] == t and not (s.whole_k and st.panel > 0):
                             br[k0:k1] = matvec_f64(xp, b, r)
-                        abr[a0:a1] += matvec_f64(xp, a, br[k0:k1])
+                        for (c0, c1), a in pieces:
+                            abr[a0:a1] += matvec_f64(xp, a, br[c0:c1])
                         if st.done:
                             cr[a0:a1] = matvec_f64(xp, cv, r)
                 checks.append(check)
@@ -895,15 +940,17 @@ def warm_up(workload: Any, dev: Any, tile: Tile) -> None:
     p = workload.params
     s = schedule_of(tile)
     n, itemsize = p.n, np.dtype(p.dtype).itemsize
-    shapes = set()
+    shapes: set[tuple[int, int, bool]] = set()
     for st in s.steps(tile.size("m"), p.k):
         m = st.rows[1] - st.rows[0]
         while m > 1 and m * n * itemsize > _WARMUP_C_BYTES:
             m //= 2
-        # Both kinds where the schedule adds to sums over blocks; a product over all of
-        # k (B kept whole) only starts them.
-        for first in (True,) if s.whole_k and st.block == (0, p.k) else (True, False):
-            shapes.add((m, st.block[1] - st.block[0], first))
+        # Both kinds where the schedule adds to sums over blocks or pieces of k; a product
+        # over all of k in one call (B kept whole) only starts them.
+        pieces = s.pieces(st.block, p.k)
+        at_once = s.whole_k and st.block == (0, p.k) and len(pieces) == 1
+        for first in (True,) if at_once else (True, False):
+            shapes.update((m, c1 - c0, first) for c0, c1 in pieces)
     xp = dev.xp
     rows, width = max(m for m, _, _ in shapes), max(w for _, w, _ in shapes)
     with dev.on_stream():
