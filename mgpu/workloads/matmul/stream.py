@@ -109,9 +109,9 @@ WHOLE_K_BLOCK_ROWS = 4096
 # Rows of k a product over all of k takes at once where k is longer than two of them: its
 # A is laid out in the slot as contiguous pieces this wide, each multiplied by its rows of
 # B, the later ones adding to C. At the power limit on two H100s, 49152³ float32 panels of
-# 7168, 7040, 6784 and 1792 rows ran at 52.80 / 51.97 / 51.71 / 51.44 TFLOP/s so, against
+# 7168, 7040, 6784 and 1792 rows ran at 52.80 / 51.97 / 51.71 / 51.44 TFLOP/s, against
 # 49.95 / 51.43 / 50.47 / 49.99 over all of k in one call (pieces of 8192, 12288 and 24576
-# rows, or of 16384 as strided views of A's rows: 50.1-52.2); at 32768³, 2688 rows in two
+# rows, or of 16384 as strided views of A's rows: 49.4-52.2); at 32768³, 2688 rows in two
 # pieces 51.46 against 51.61 in one.
 WHOLE_K_PIECE = 16384
 # Buffers of a panel's rows each, beside B kept whole: two panels' A and two panels' C.
@@ -253,12 +253,12 @@ def _whole_k_steps(rows: int, k: int, s: Schedule) -> list[Step]:
     phase multiplies.
 
     Each later panel is one product over all of k (beta = 0), in pieces of k where k is
-    long (:meth:`Schedule.pieces`: its A lies in the slot piece after piece). Its C goes where the panel
-    before read its A (free once that product has run: no write to wait for), and its A
-    into a slot free from the start or else the one whose C is oldest: from the fourth
-    panel on, a panel's A waits for the C of the panel three before it to be written, so
-    the writes have two panels' products to finish in. The last panel runs band by band.
-    B is read once, into one buffer (``b_slot`` 0).
+    long (:meth:`Schedule.pieces`: its A lies in the slot piece after piece). Its C goes
+    where the panel before read its A (free once that product has run: no write to wait
+    for), and its A into a slot free from the start or else the one whose C is oldest:
+    from the fourth panel on, a panel's A waits for the C of the panel three before it to
+    be written, so the writes have two panels' products to finish in. The last panel runs
+    band by band. B is read once, into one buffer (``b_slot`` 0).
     """
     h, n = s.panel_rows, s.n
     size = h * max(n, k)  # a slot's elements
