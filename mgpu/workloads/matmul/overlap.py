@@ -11,8 +11,8 @@ of an H100's 0.19 s TF32 tile). Each piece's share of the check's C·r is made o
 second stream while the next piece multiplies. Only B, the first piece of A and the last
 piece's C·r are not hidden; the products stay large (16384 rows or more each: a 32768³
 tile goes in two pieces). On one H100, a probe of these kernels at 32768³ in TF32 spent
-5.3 ms outside the products with C·r so, 6.2 with all of it after them (medians of 15
-tiles each, alternated; the products took as long either way).
+5.3 ms outside the products with C·r made this way, 6.2 with all of it after them
+(medians of 15 tiles each, alternated; the products took as long either way).
 
 A float64 piece multiplies in cubes (``CUBE``): one cuBLAS call per ``CUBE``³ of it, on
 views. On one H100, 16384³ pieces of a 32768³ float64 product ran at 53.1-53.5 TFLOP/s,
@@ -93,7 +93,7 @@ def run(workload: Any, ctx: Any, tile: Tile) -> tuple[Any, Any, Any, Any]:
     the second: CuPy hands memory freed on the host back to the stream that made it, which
     could otherwise reuse it while a product still reads it. The host does not wait: the
     check's kernels are launched while the last product runs (on one H100, 32768³ TF32
-    tiles spent 5.5-5.7 ms outside their products so, 5.9-6.0 with a wait here; medians
+    tiles spent 5.5-5.7 ms outside their products this way, 5.9-6.0 with a wait here; medians
     of 12 tiles each, in one call).
     """
     p = workload.params

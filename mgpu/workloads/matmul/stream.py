@@ -666,23 +666,18 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
             if st.done:
                 c_wait[st.panel + 1].add(t)
 
-    def a_view(t: int) -> Any:  # C-contiguous, whatever the block's width
-        st = plan_steps[t]
-        (a0, a1), (k0, k1) = st.rows, st.block
-        if not s.whole_k:
-            return slots[1 + t % 2][: (a1 - a0) * (k1 - k0)].reshape(a1 - a0, k1 - k0)
-        return slots[st.a_slot][st.a_at : st.a_at + (a1 - a0) * (k1 - k0)].reshape(a1 - a0, k1 - k0)
-
     def b_view(t: int) -> Any:
         k0, k1 = plan_steps[t].block
         return b_all[k0:k1] if s.whole_k else b_bufs[plan_steps[t].b_slot][: k1 - k0]
 
     def a_pieces(t: int) -> list[tuple[tuple[int, int], Any]]:
         """Step t's block of A as ``(its columns, C-contiguous view)``, one for each piece
-        of k its product runs in, one after the other in the block's memory."""
+        of k its product runs in, one after the other in the block's memory (its A
+        buffer's start, or where B stays whole, its place in its slot)."""
         st = plan_steps[t]
         a0, a1 = st.rows
-        memory, at, out = a_view(t).reshape(-1), 0, []
+        at, memory = (0, slots[1 + t % 2]) if not s.whole_k else (st.a_at, slots[st.a_slot])
+        out = []
         for c0, c1 in s.pieces(st.block, p.k):
             size = (a1 - a0) * (c1 - c0)
             out.append(((c0, c1), memory[at : at + size].reshape(a1 - a0, c1 - c0)))
