@@ -603,6 +603,34 @@ def test_a_map_let_go_drops_its_pages_in_pieces_and_keeps_the_file(tmp_path, mon
     assert list(private[:4]) == [-1, -1, -1, -1]
 
 
+def _kernel_at_least(major: int, minor: int) -> bool:
+    import platform
+
+    parts = [int(x) for x in platform.release().split("-")[0].split(".")[:2]]
+    return tuple(parts) >= (major, minor)
+
+
+@pytest.mark.skipif(not _kernel_at_least(5, 14), reason="MADV_POPULATE_WRITE needs Linux 5.14")
+def test_a_band_of_a_writable_map_is_mapped_before_its_copy_and_nothing_else_is(tmp_path):
+    from mgpu.worker import transfer
+
+    out = np.lib.format.open_memmap(tmp_path / "c.npy", mode="w+", dtype=np.float32, shape=(64, 16384))
+    del out
+    shared = np.load(tmp_path / "c.npy", mmap_mode="r+")  # 4 MiB, no page touched yet
+    assert _rss_kib(shared.ctypes.data) == 0
+    transfer.map_for_writing(shared[:, :1024])  # a column block: a sixteenth of what it spans
+    assert _rss_kib(shared.ctypes.data) == 0
+    transfer.map_for_writing(shared[16:32])  # rows 16-31: 1 MiB, page-aligned from the header on
+    assert 1 << 10 <= _rss_kib(shared.ctypes.data) <= (1 << 10) + 8
+    shared[16:32] = 3  # the copy into it lands in the file as before
+    del shared
+    assert float(np.load(tmp_path / "c.npy")[16:32].sum()) == 3 * 16 * 16384
+    read_only = np.load(tmp_path / "c.npy", mmap_mode="r")
+    transfer.map_for_writing(read_only[:16])  # not opened for writing: left alone
+    transfer.map_for_writing(np.zeros((4, 4), np.float32))  # not a map
+    assert _rss_kib(read_only.ctypes.data) == 0
+
+
 def test_the_estimate_counts_all_of_a_devices_rows_not_one_panel(tmp_path):
     from mgpu.worker.device import DeviceFacts
     from mgpu.workloads.matmul import Matmul, MatmulParams
