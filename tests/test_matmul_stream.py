@@ -351,7 +351,7 @@ def test_several_writers_write_every_band_and_the_timeline_adds_up(tmp_path, sch
         assert min(parts) >= 0 and sum(parts) == pytest.approx(t["span_s"], abs=1e-6)
         assert t["span_s"] <= spans[t["device"]] + 1e-6  # within the tile's own span
         assert t["products_s"] > 0 and t["writes_s"] > 0
-        assert t["pieces"] == len(bands) + 1  # every band, and the output's pages made first
+        assert t["pieces"] == len(bands) + 1  # every band, and the last panel's pages made first
         # The idle's causes are parts of it (each gap counted once, the check's kernels apart).
         causes = t["idle_inputs_s"] + t["idle_writes_s"] + t["checks_s"]
         assert min(t["idle_inputs_s"], t["idle_writes_s"], t["checks_s"]) >= 0

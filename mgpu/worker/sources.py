@@ -410,9 +410,10 @@ class NpySink:
             os.close(fd)
 
     def allocate(self, rows: tuple[int, int]) -> None:
-        """Give rows ``rows`` of the file their pages now, where the file system can
-        (``posix_fallocate``): written later, they are copied into pages already there
-        rather than each faulted in (and zeroed) as the copy reaches it."""
+        """Make rows ``rows`` of the file ready for their writes now (``posix_fallocate``
+        over them again): the reservation (:meth:`create`) gives a tmpfs file its pages
+        but leaves each to be cleared on its first use, which a second ``fallocate`` does.
+        Written later, the rows are copied into pages ready for them."""
         try:
             offset = np.load(self.partial, mmap_mode="r").offset
             row = int(np.prod(self.shape[1:], dtype=np.int64)) * np.dtype(self.dtype).itemsize
