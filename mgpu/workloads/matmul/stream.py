@@ -803,10 +803,10 @@ def _run(workload: Any, ctx: Any, tile: Tile, held: list[Any]) -> dict[str, Any]
     )
     writers = Writers(WRITERS, failed) if sink is not None else None
     if writers is not None:
-        # The last panel's pages of the output made first: its bands' writes, which no
-        # product hides, then take 6-8 ms, where with none made they took 11-16 (32768³ and 49152³, one
-        # H200). Not all of C's: on one H200 host that took a writer 0.8-1.25 s of a 1.38 s
-        # job, the bands' writes beside it running at half their speed.
+        # The last panel's pages of the output made ready first: its bands' writes, which
+        # no product hides, then take 6-8 ms, where with none made they took 11-16 (32768³
+        # and 49152³, one H200). Not all of C's: on one H200 host that took a writer
+        # 0.8-1.25 s of a 1.38 s job, the bands' writes beside it running at half speed.
         last = panel_rows_of[max(panel_rows_of)]
         writers.put(lambda: sink.allocate((r0 + last[0], r0 + last[1])))
         writers.start()
