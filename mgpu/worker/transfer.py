@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import mmap
 import os
 import threading
@@ -479,9 +480,15 @@ def map_for_writing(block: Any) -> None:
 
 def _madvise(start: int, length: int, advice: int) -> int:
     """``madvise(2)`` through ctypes, which lets go of the GIL (``mmap.madvise`` holds it)."""
+    return int(_libc_madvise()(start, length, advice))
+
+
+@functools.cache
+def _libc_madvise() -> Any:
+    """libc's ``madvise``, looked up once: each chunk a writer stores calls it."""
     madvise = ctypes.CDLL(None, use_errno=True).madvise
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return int(madvise(start, length, advice))
+    return madvise
 
 
 def drop_pages(obj: Any) -> None:
