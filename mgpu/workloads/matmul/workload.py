@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 
 from ...errors import JobInputError
 from ...inputs import InputParams, Operand
-from ...roofline import median_seconds, sustained_seconds
+from ...roofline import sustained_seconds
 from ...sizes import format_bytes
 from ...tiling import Panel, Plan, Tile, assign_contiguous, check_tile_count, split, split_by_size
 from ...worker.device import Device, DeviceFacts
@@ -52,13 +52,12 @@ _B_PARTS = 2
 # The side of the square GEMMs that measure the ceilings: well past launch overheads, and
 # on a GPU large enough to run at the rate a job's large tiles do.
 _CEILING_SIDE = {"cuda": 16384, "cpu": 384}
-# A tensor-core GEMM's (float16, TF32, float64) is timed over calls back to back once the
-# GPU has run them for mgpu.ceilings.sustain (roofline.sustained_seconds): the rate a GPU
-# keeps at its power limit, not its first milliseconds' (on one H100, TF32 16384³ products
-# ran at 392.7 TFLOP/s after 0.3 s and 368.5 on average over 3.4 s; float64 62.7 and 59.6).
-# float32's, on the CUDA cores, is the median of a few calls: at the limit its clocks held
-# 1956-1980 MHz and its rate 53.5-54.2 (54.2 after 0.3 s), and a first job on a machine
-# need not wait the window's 2 s.
+# Each GEMM's ceiling on a GPU is timed over calls back to back once the GPU has run them
+# for mgpu.ceilings.sustain (roofline.sustained_seconds): the rate it keeps at its power
+# limit, not its first milliseconds' (on one H100, TF32 16384³ products ran at 392.7
+# TFLOP/s after 0.3 s and 368.5 on average over 3.4 s; float64 62.7 and 59.6). float32's
+# too, on the CUDA cores: in fresh processes on one H200, the median of three calls read
+# 53.97 TFLOP/s cold and 52.38 right after, where the sustained mean read 53.06-53.21.
 
 
 def _pieces(bounds: tuple[int, int], n: int) -> list[tuple[int, int]]:
@@ -240,8 +239,7 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
     @classmethod
     def measure_ceilings(cls, dev: Device, only: Collection[str] | None = None) -> dict[str, float]:
         """cuBLAS (or BLAS) GEMM of two random square matrices, per dtype and with TF32
-        (those in ``only``): on tensor cores timed at the power limit, float32 (on the
-        CUDA cores, whose clocks hold) as the median of a few calls."""
+        (those in ``only``), on a GPU timed at its power limit."""
         xp, n = dev.xp, _CEILING_SIDE[dev.backend]
         out: dict[str, float] = {}
         for key, dtype, tf32 in (
@@ -262,8 +260,7 @@ class Matmul(Workload[MatmulParams], Estimates, HostBytes, Outputs):
                 return xp.matmul(a, b, out=c)
 
             with _tf32(dev, tf32):
-                sustained = overlap.on_tensor_cores(dtype, "tf32" if tf32 else "default")
-                seconds = sustained_seconds(dev, product) if sustained else median_seconds(dev, product)
+                seconds = sustained_seconds(dev, product)
             del a, b, c
             out[key] = 2 * n**3 / seconds / 1e12
         return out
