@@ -113,10 +113,10 @@ def test_every_dtype_s_gemm_ceiling_is_a_sustained_one(monkeypatch):
     from mgpu.worker.device import Device, DeviceFacts
     from mgpu.workloads.matmul import workload
 
-    timed: list[int] = []
+    timed: list[object] = []  # each GEMM handed to the sustained timing
 
     def spy(dev: object, fn: object) -> float:
-        timed.append(len(timed))
+        timed.append(fn)
         return 1.0
 
     monkeypatch.setattr(workload, "sustained_seconds", spy)
